@@ -1,0 +1,228 @@
+"""The wire contract between the agent and the service, defined once.
+
+The agent posts a :class:`Snapshot` to ``POST /api/v1/agent/snapshots`` with its host token;
+the service answers with a :class:`SnapshotAck` carrying the host's reservation table and
+policy. Units: memory in MiB, utilization in %, temperature in °C, power in W, times as
+timezone-aware UTC datetimes, ``create_time`` in seconds since the epoch (psutil's
+``Process.create_time()``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ProcessType = Literal["C", "G", "C+G"]
+DeviceHealth = Literal["ok", "lost", "error"]
+# How the process owner was found: "ok" resolved; "exited" the process ended between the
+# NVML listing and the lookup; "access_denied" psutil raised AccessDenied (hidepid, other
+# account); "not_visible" the pid does not exist in the agent's PID namespace; "replay"
+# owner given by a replay owners map; "unknown" no information at all.
+OwnerStatus = Literal["ok", "exited", "access_denied", "not_visible", "replay", "unknown"]
+# Host-wide monitoring state: "ok"; "degraded" (some data missing, e.g. process listing
+# unavailable or wrong PID namespace); "down" (NVML failed, e.g. driver/library mismatch);
+# "no_driver" (no NVIDIA driver on this node: 0 GPUs, not an error); "misconfigured" (NVML
+# library missing where the config says the host has GPUs).
+MonitoringStatus = Literal["ok", "degraded", "down", "no_driver", "misconfigured"]
+FindingKind = Literal["unreserved", "foreign", "overrun", "idle"]
+FindingState = Literal["open", "notified", "terminated", "resolved"]
+Policy = Literal["observe", "notify", "terminate"]
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class DeviceReport(BaseModel):
+    """One reservable device (a whole GPU, or a MIG instance with ``parent_uuid`` set).
+
+    Every telemetry field is ``None`` when NVML could not say (NotSupported, NoPermission,
+    N/A in a capture); ``None`` is never to be read as 0.
+    """
+
+    model_config = _STRICT
+
+    uuid: str = Field(min_length=1, max_length=128, description="NVML UUID, GPU-… or MIG-…")
+    index: int | None = Field(default=None, ge=0, description="NVML index (PCI order); MIG: GI id order")
+    name: str | None = Field(default=None, max_length=256)
+    pci_bus_id: str | None = Field(default=None, max_length=64)
+    memory_total_mib: float | None = Field(default=None, ge=0)
+    memory_used_mib: float | None = Field(default=None, ge=0)
+    utilization_gpu: float | None = Field(default=None, ge=0, le=100, description="%")
+    utilization_memory: float | None = Field(default=None, ge=0, le=100, description="%")
+    temperature_c: float | None = None
+    power_draw_w: float | None = Field(default=None, ge=0)
+    power_limit_w: float | None = Field(default=None, ge=0)
+    throttle_reasons: list[str] | None = None
+    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    retired_pages: int | None = Field(default=None, ge=0)
+    persistence_mode: bool | None = None
+    compute_mode: str | None = Field(default=None, max_length=64)
+    mig_mode: bool | None = None
+    parent_uuid: str | None = Field(default=None, max_length=128, description="MIG: the parent GPU's UUID")
+    mig_profile: str | None = Field(default=None, max_length=64, description="MIG: e.g. 3g.40gb")
+    gpu_instance_id: int | None = Field(default=None, ge=0)
+    compute_instance_id: int | None = Field(default=None, ge=0)
+    link_group: str | None = Field(
+        default=None, max_length=128, description="devices sharing a value are close (NVLink / PCIe switch)"
+    )
+    health: DeviceHealth = "ok"
+    error: str | None = Field(default=None, max_length=1024)
+    processes_status: Literal["ok", "unavailable", "error"] = "ok"
+    processes_error: str | None = Field(default=None, max_length=1024)
+
+    @field_validator("uuid", "parent_uuid")
+    @classmethod
+    def _strip(cls, v: str | None) -> str | None:
+        return v.strip() if isinstance(v, str) else v
+
+
+class ProcessReport(BaseModel):
+    """One process on one device (compute and graphics lists merged by pid)."""
+
+    model_config = _STRICT
+
+    device_uuid: str = Field(min_length=1, max_length=128)
+    pid: int = Field(gt=0, lt=2**32 - 1)
+    type: ProcessType = "C"
+    used_memory_mib: float | None = Field(default=None, ge=0, description="None: NVML could not say (WDDM, vGPU)")
+    uid: int | None = Field(default=None, ge=0)
+    unix_user: str | None = Field(default=None, max_length=64)
+    command: str | None = Field(default=None, max_length=4096)
+    name: str | None = Field(default=None, max_length=256, description="process name; '(unnamed)' when empty")
+    create_time: float | None = Field(default=None, ge=0, description="seconds since the epoch")
+    container_id: str | None = Field(default=None, max_length=128)
+    owner_status: OwnerStatus = "ok"
+
+
+class NoticeReport(BaseModel):
+    """A notice the agent delivered on the host (terminal message) for a finding."""
+
+    model_config = _STRICT
+
+    channel: Literal["terminal"] = "terminal"
+    recipient: str = Field(max_length=64)
+    at: datetime
+    delivered: int = Field(default=0, ge=0, description="number of terminals written")
+    detail: str | None = Field(default=None, max_length=2048)
+
+
+class ActionReport(BaseModel):
+    """An enforcement action the agent took or, with --dry-run, would have taken."""
+
+    model_config = _STRICT
+
+    action: Literal["sigterm", "sigkill", "skipped", "dry_run"]
+    pid: int = Field(gt=0)
+    create_time: float | None = None
+    at: datetime
+    reason: str = Field(max_length=1024)
+
+
+class FindingReport(BaseModel):
+    """A debounced finding: one per (process, device, kind), updated on every poll."""
+
+    model_config = _STRICT
+
+    key: str = Field(min_length=1, max_length=256, description="stable id: uuid:pid:create_time:kind")
+    kind: FindingKind
+    device_uuid: str = Field(max_length=128)
+    pid: int | None = Field(default=None, gt=0)
+    create_time: float | None = None
+    unix_user: str | None = Field(default=None, max_length=64)
+    uid: int | None = None
+    command: str | None = Field(default=None, max_length=4096)
+    container_id: str | None = Field(default=None, max_length=128)
+    reservation_id: int | None = Field(default=None, description="the reservation the process conflicts with or overran")
+    holder: str | None = Field(default=None, max_length=64, description="unix_name of the rightful holder, if any")
+    first_seen: datetime
+    last_seen: datetime
+    state: FindingState = "open"
+    message: str | None = Field(default=None, max_length=2048)
+    notices: list[NoticeReport] = Field(default_factory=list)
+    actions: list[ActionReport] = Field(default_factory=list)
+
+
+class MonitoringReport(BaseModel):
+    model_config = _STRICT
+
+    status: MonitoringStatus = "ok"
+    message: str | None = Field(default=None, max_length=2048)
+
+
+class Snapshot(BaseModel):
+    """One poll of a host: telemetry per device, usage per process, and findings.
+
+    ``seq`` is monotonic per host across agent restarts; the service ingests idempotently by
+    ``(host, seq)``.
+    """
+
+    model_config = _STRICT
+
+    host: str = Field(min_length=1, max_length=128)
+    seq: int = Field(ge=0)
+    collected_at: datetime
+    agent_version: str | None = Field(default=None, max_length=64)
+    source: Literal["nvml", "replay"] = "nvml"
+    replay_of: list[str] | None = Field(default=None, description="replay: capture file names")
+    interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    driver_version: str | None = Field(default=None, max_length=64)
+    nvml_version: str | None = Field(default=None, max_length=64)
+    cuda_version: str | None = Field(default=None, max_length=64)
+    binding_version: str | None = Field(default=None, max_length=64)
+    monitoring: MonitoringReport = Field(default_factory=MonitoringReport)
+    stale: bool = Field(default=False, description="NVML did not answer within the poll deadline")
+    suspect: bool = False
+    suspect_reasons: list[str] = Field(default_factory=list)
+    pid_namespace_ok: bool | None = None
+    devices: list[DeviceReport] = Field(default_factory=list, max_length=1024)
+    processes: list[ProcessReport] = Field(default_factory=list, max_length=16384)
+    findings: list[FindingReport] = Field(default_factory=list, max_length=16384)
+
+    @field_validator("collected_at")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        if v.tzinfo is None:
+            raise ValueError("collected_at needs a timezone offset (UTC expected)")
+        return v
+
+
+class ReservationEntry(BaseModel):
+    """A reservation as the agent needs it to judge processes: half-open ``[start, end)``."""
+
+    id: int
+    user: str = Field(description="the holder's username")
+    unix_name: str = Field(description="the holder's Unix account, used to match processes")
+    device_uuids: list[str]
+    start: datetime
+    end: datetime
+    shared_with: list[str] = Field(default_factory=list, description="unix names also covered")
+
+
+class HostPolicy(BaseModel):
+    """Per-host enforcement settings, set by admins on the service."""
+
+    policy: Policy = "notify"
+    grace_seconds: int = Field(default=60, ge=0)
+    kill_timeout_seconds: int = Field(default=10, ge=1)
+    notice_interval_seconds: int = Field(default=900, ge=0, description="at most one notice per finding per interval")
+    min_uid: int = Field(default=1000, ge=0, description="uids below are system accounts, always exempt")
+    exempt_users: list[str] = Field(default_factory=list)
+    exempt_process_names: list[str] = Field(
+        default_factory=lambda: ["Xorg", "Xwayland", "gnome-shell", "kwin_wayland", "nv-hostengine", "nvidia-persistenced", "dcgm-exporter"]
+    )
+    idle_minutes: int = Field(default=60, ge=1, description="a reservation idle this long becomes an 'idle' finding")
+    idle_utilization_pct: float = Field(default=5.0, ge=0, le=100)
+
+
+class SnapshotAck(BaseModel):
+    """The service's answer to a snapshot: what the agent caches until the next one."""
+
+    accepted: bool
+    duplicate: bool = False
+    seq: int
+    server_time: datetime
+    policy: HostPolicy
+    reservations: list[ReservationEntry]
+    open_devices: list[str] = Field(default_factory=list, description="UUIDs anyone may use unreserved")
+    booking_url: str | None = None

@@ -1,0 +1,95 @@
+"""Service settings (pydantic-settings, prefix ``GPUROSTER_``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_PLACEHOLDERS = {"", "changeme", "change-me", "secret", "please-change", "xxx"}
+
+
+def normalize_database_url(url: str) -> str:
+    """Map plain ``sqlite:///…`` and ``postgresql://…`` URLs onto the drivers the service uses.
+
+    ``postgres://`` and ``postgresql://`` become ``postgresql+psycopg://`` (psycopg 3);
+    SQLite URLs keep the standard library driver. Other explicit drivers are left alone.
+    """
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://"):]
+    if url.startswith("sqlite+pysqlite://"):
+        return "sqlite://" + url[len("sqlite+pysqlite://"):]
+    return url
+
+
+class Settings(BaseSettings):
+    """All service configuration; each field reads ``GPUROSTER_<NAME>`` from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUROSTER_", env_file=None, extra="ignore")
+
+    environment: str = Field(default="development", description="development | production | test")
+    data_dir: Path = Field(default=Path("data"), description="where the SQLite default and spools live")
+    database_url: str | None = Field(default=None, description="sqlite:///… or postgresql://…")
+    timezone: str = Field(default="UTC", description="the lab's IANA zone, for display and calendar rules")
+    secret_key: str = Field(default="dev-insecure-secret", description="signs CSRF tokens; required in production")
+    base_url: str = Field(default="http://127.0.0.1:8000", description="public URL, used in notices and feeds")
+    max_body_bytes: int = Field(default=256 * 1024)
+    page_size_max: int = Field(default=500, ge=1)
+    # Reservations
+    min_reservation_seconds: int = Field(default=60, ge=1)
+    # SQLite tuning
+    sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+    # Sessions / sign-in
+    session_hours: int = Field(default=12, ge=1)
+    login_max_attempts: int = Field(default=5, ge=1, description="failed sign-ins per user+address per window")
+    login_window_seconds: int = Field(default=300, ge=1)
+    # Notices
+    smtp_host: str | None = None
+    smtp_port: int = 25
+    smtp_from: str = "gpuroster@localhost"
+    smtp_username: str | None = None
+    smtp_password: str | None = None
+    smtp_starttls: bool = False
+    webhook_url: str | None = None
+    # History
+    rollup_retention_days: int = Field(default=90, ge=1)
+    snapshot_seq_retention_days: int = Field(default=7, ge=1)
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError) as e:
+            raise ValueError(f"GPUROSTER_TIMEZONE: unknown IANA time zone {v!r}") from e
+        return v
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> "Settings":
+        if self.environment == "production" and (
+            self.secret_key.lower() in _PLACEHOLDERS or self.secret_key == "dev-insecure-secret" or len(self.secret_key) < 16
+        ):
+            raise ValueError("GPUROSTER_SECRET_KEY must be set to a random value of 16+ characters in production")
+        return self
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The SQLAlchemy URL: the configured one normalised, or ``sqlite:///<data_dir>/gpuroster.db``."""
+        if self.database_url:
+            return normalize_database_url(self.database_url)
+        return f"sqlite:///{(self.data_dir / 'gpuroster.db').resolve()}"
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Settings read once per process (tests call ``get_settings.cache_clear()``)."""
+    return Settings()

@@ -1,0 +1,145 @@
+"""Engine and session factory.
+
+One engine per process, built by the application's lifespan (never at import time).
+SQLite is tuned for a multi-process server: WAL journal, foreign keys on, a busy timeout,
+and transactions begun by us (pysqlite's own implicit BEGIN is disabled) so that writers
+can take the write lock up front with ``BEGIN IMMEDIATE`` (see :func:`lock_for_write`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import Settings
+
+T = TypeVar("T")
+
+WRITE_OPTION = "gpuroster_write"
+
+
+def _pool_args(kwargs: dict[str, Any], size: int) -> dict[str, Any]:
+    if "poolclass" not in kwargs:
+        kwargs.setdefault("pool_size", size)
+        kwargs.setdefault("max_overflow", 20)
+    return kwargs
+
+
+def build_engine(settings: Settings, **kwargs: Any) -> Engine:
+    """Create the engine for ``settings.sqlalchemy_url``.
+
+    SQLite: WAL, ``foreign_keys=ON``, ``busy_timeout`` from settings, ``synchronous=NORMAL``;
+    a transaction on a connection with the ``gpuroster_write`` execution option starts with
+    ``BEGIN IMMEDIATE``. PostgreSQL: psycopg 3, pool pre-ping, UTC session time zone.
+    """
+    url = make_url(settings.sqlalchemy_url)
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            from pathlib import Path
+
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": settings.sqlite_busy_timeout_ms / 1000},
+            **_pool_args(kwargs, 20),
+        )
+        busy = int(settings.sqlite_busy_timeout_ms)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_on_connect(dbapi_conn, _record):  # pragma: no cover - trivial
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA busy_timeout={busy}")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):
+            if conn.get_execution_options().get(WRITE_OPTION):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                conn.exec_driver_sql("BEGIN")
+
+        return engine
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        connect_args={"options": "-c timezone=UTC"},
+        **_pool_args(kwargs, 10),
+    )
+
+
+def build_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions with ``expire_on_commit=False`` (objects stay readable after commit)."""
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+def is_sqlite(session_or_engine: Session | Engine) -> bool:
+    bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
+    return bind.dialect.name == "sqlite"
+
+
+def lock_for_write(session: Session) -> None:
+    """Begin the session's transaction as a writer.
+
+    Must be the first database use of the session. SQLite: ``BEGIN IMMEDIATE`` takes the
+    database write lock before any conflict check is read (waiting up to the busy timeout).
+    PostgreSQL: no-op; conflicts are refused by exclusion constraints and quotas by
+    transaction-scoped advisory locks.
+    """
+    session.connection(execution_options={WRITE_OPTION: True})
+
+
+def advisory_xact_lock(session: Session, key: int) -> None:
+    """Take a transaction-scoped PostgreSQL advisory lock (no-op on SQLite, already serialised)."""
+    if not is_sqlite(session):
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True for transient database errors worth retrying: SQLite busy/locked, PostgreSQL
+    serialization failure (40001) or deadlock (40P01)."""
+    if isinstance(exc, DBAPIError):
+        orig = exc.orig
+        code = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
+        if code in {"40001", "40P01"}:
+            return True
+        if isinstance(exc, OperationalError):
+            msg = str(orig).lower()
+            return "database is locked" in msg or "database is busy" in msg
+    return False
+
+
+def run_in_transaction(
+    factory: sessionmaker[Session], fn: Callable[[Session], T], *, write: bool = True, attempts: int = 8
+) -> T:
+    """Run ``fn(session)`` in its own transaction and commit; retry transient failures.
+
+    Used for work outside a request (agent ingest in benchmarks, CLI admin commands).
+    Raises the last error after ``attempts`` tries.
+    """
+    import random
+    import time
+
+    for attempt in range(attempts):
+        with factory() as session:
+            try:
+                if write:
+                    lock_for_write(session)
+                result = fn(session)
+                session.commit()
+                return result
+            except Exception as e:
+                session.rollback()
+                if attempt + 1 < attempts and is_retryable(e):
+                    time.sleep(min(0.5, 0.01 * 2**attempt) * random.random())
+                    continue
+                raise
+    raise RuntimeError("unreachable")

@@ -1,0 +1,48 @@
+"""Sharing rules: limits per default / group / user scope."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import CheckConstraint, Float, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.models.base import Base, utcnow
+
+
+class SharingRule(Base):
+    """Limits for a scope. ``None`` in a limit means "no limit from this rule".
+
+    Resolution: the most specific scope wins (user > group > default); a user in several
+    groups gets the most generous group value. Durations in seconds, GPU-hours per rolling
+    7 days.
+    """
+
+    __tablename__ = "sharing_rules"
+    __table_args__ = (
+        CheckConstraint("scope IN ('default', 'group', 'user')", name="scope"),
+        CheckConstraint(
+            "(scope = 'default' AND user_id IS NULL AND group_id IS NULL) OR "
+            "(scope = 'group' AND group_id IS NOT NULL AND user_id IS NULL) OR "
+            "(scope = 'user' AND user_id IS NOT NULL AND group_id IS NULL)",
+            name="target",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    group_id: Mapped[int | None] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    max_devices: Mapped[int | None] = mapped_column(Integer)
+    max_duration_seconds: Mapped[int | None] = mapped_column(Integer)
+    max_ahead_seconds: Mapped[int | None] = mapped_column(Integer)
+    max_gpu_hours_7d: Mapped[float | None] = mapped_column(Float)
+    max_concurrent_reservations: Mapped[int | None] = mapped_column(Integer)
+    allowed_hosts: Mapped[list[str] | None] = mapped_column()
+    allowed_models: Mapped[list[str] | None] = mapped_column()
+    note: Mapped[str | None] = mapped_column(String(512))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+__all__ = ["SharingRule"]
