@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 
-from sqlalchemy import JSON, Boolean, CheckConstraint, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, CheckConstraint, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.models.base import Base, utcnow
@@ -33,7 +33,8 @@ class Host(Base):
     feed_token: Mapped[str | None] = mapped_column(String(64), unique=True)
     # What the agent last said about itself
     last_seen_at: Mapped[datetime | None]
-    last_seq: Mapped[int | None] = mapped_column(Integer)
+    last_seq: Mapped[int | None] = mapped_column(BigInteger)
+    last_collected_at: Mapped[datetime | None]
     interval_seconds: Mapped[float | None] = mapped_column(Float)
     agent_version: Mapped[str | None] = mapped_column(String(64))
     driver_version: Mapped[str | None] = mapped_column(String(64))
@@ -140,7 +141,7 @@ class HostSnapshot(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
-    seq: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(BigInteger)
     collected_at: Mapped[datetime]
     received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 

@@ -1,8 +1,8 @@
 """initial schema
 
-Revision ID: 8c61f4f04ae5
+Revision ID: 0001
 Revises: 
-Create Date: 2026-11-29 17:38:58.080566
+Create Date: 2026-11-29 17:42:12.476158
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from alembic import op
 import app.models.base
 
 
-revision: str = '8c61f4f04ae5'
+revision: str = "0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
@@ -57,7 +57,8 @@ def upgrade() -> None:
     sa.Column('idle_minutes', sa.Integer(), nullable=False),
     sa.Column('feed_token', sa.String(length=64), nullable=True),
     sa.Column('last_seen_at', app.models.base.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('last_seq', sa.Integer(), nullable=True),
+    sa.Column('last_seq', sa.BigInteger(), nullable=True),
+    sa.Column('last_collected_at', app.models.base.UTCDateTime(timezone=True), nullable=True),
     sa.Column('interval_seconds', sa.Float(), nullable=True),
     sa.Column('agent_version', sa.String(length=64), nullable=True),
     sa.Column('driver_version', sa.String(length=64), nullable=True),
@@ -159,7 +160,7 @@ def upgrade() -> None:
     op.create_table('host_snapshots',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('host_id', sa.Integer(), nullable=False),
-    sa.Column('seq', sa.Integer(), nullable=False),
+    sa.Column('seq', sa.BigInteger(), nullable=False),
     sa.Column('collected_at', app.models.base.UTCDateTime(timezone=True), nullable=False),
     sa.Column('received_at', app.models.base.UTCDateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['host_id'], ['hosts.id'], name=op.f('fk_host_snapshots_host_id_hosts'), ondelete='CASCADE'),

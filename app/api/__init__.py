@@ -1,0 +1,1 @@
+"""REST API routers under ``/api/v1``."""

@@ -1,0 +1,113 @@
+"""Dependencies: sessions (committed before the response), authentication, authorization.
+
+``SessionDep`` is a read session; ``WriteSessionDep`` begins its transaction as a writer
+(SQLite ``BEGIN IMMEDIATE``). Both commit before the response is sent (``scope="function"``),
+so a failed commit is never hidden behind a 200.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db import lock_for_write
+from app.errors import Forbidden, Unauthorized
+from app.models import Host, User
+from app.security import HOST_TOKEN_PREFIX
+from app.services import hosts as host_service
+from app.services import users as user_service
+
+
+def _session(request: Request, write: bool) -> Iterator[Session]:
+    factory = request.app.state.session_factory
+    with factory() as session:
+        try:
+            if write:
+                lock_for_write(session)
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    yield from _session(request, write=False)
+
+
+def get_write_session(request: Request) -> Iterator[Session]:
+    yield from _session(request, write=True)
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+WriteSessionDep = Annotated[Session, Depends(get_write_session, scope="function")]
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+def bearer_token(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if not auth:
+        return None
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Unauthorized("Authorization header must be 'Bearer <token>'")
+    return value.strip()
+
+
+def _user_from_request(request: Request, session: Session) -> User | None:
+    token = bearer_token(request)
+    if token is not None:
+        if token.startswith(HOST_TOKEN_PREFIX):
+            raise Forbidden("host tokens reach only the agent endpoints")
+        return user_service.user_for_token(session, token)
+    resolver = getattr(request.app.state, "cookie_user_resolver", None)
+    if resolver is not None:
+        return resolver(request, session)
+    return None
+
+
+def current_user(request: Request, session: SessionDep) -> User:
+    """The signed-in user (API token, or a web session cookie); raises Unauthorized (401)."""
+    user = _user_from_request(request, session)
+    if user is None:
+        raise Unauthorized("sign in or send 'Authorization: Bearer <API token>'")
+    return user
+
+
+def current_user_write(request: Request, session: WriteSessionDep) -> User:
+    user = _user_from_request(request, session)
+    if user is None:
+        raise Unauthorized("sign in or send 'Authorization: Bearer <API token>'")
+    return user
+
+
+def admin_user(user: Annotated[User, Depends(current_user_write)]) -> User:
+    if not user.is_admin:
+        raise Forbidden("admins only")
+    return user
+
+
+def current_host(request: Request, session: WriteSessionDep) -> Host:
+    """The host authenticated by its host token; raises Unauthorized/Forbidden."""
+    token = bearer_token(request)
+    if token is None:
+        raise Unauthorized("send 'Authorization: Bearer <host token>'")
+    if not token.startswith(HOST_TOKEN_PREFIX):
+        raise Forbidden("this endpoint takes a host token")
+    return host_service.host_for_token(session, token)
+
+
+CurrentUser = Annotated[User, Depends(current_user)]
+WriteUser = Annotated[User, Depends(current_user_write)]
+AdminUser = Annotated[User, Depends(admin_user)]
+CurrentHost = Annotated[Host, Depends(current_host)]

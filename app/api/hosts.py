@@ -1,0 +1,63 @@
+"""``/api/v1/hosts`` and ``/api/v1/devices``: the lab's machines and their state."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import AdminUser, CurrentUser, SessionDep, WriteSessionDep
+from app.models import AuditLog, utcnow
+from app.schemas.host import DeviceRead, DeviceUpdate, HostCreate, HostCreated, HostRead, HostUpdate
+from app.services import devices as device_service
+from app.services import hosts as host_service
+
+router = APIRouter(tags=["hosts"])
+
+
+@router.get("/hosts", response_model=list[HostRead])
+def list_hosts(user: CurrentUser, session: SessionDep) -> list[HostRead]:
+    return device_service.list_hosts(session, now=utcnow())
+
+
+@router.post("/hosts", status_code=201, response_model=HostCreated)
+def create_host(data: HostCreate, admin: AdminUser, session: WriteSessionDep) -> HostCreated:
+    """Register a host; the response carries its host token once."""
+    host, token = host_service.create_host(session, name=data.name, actor=f"user:{admin.username}")
+    read = device_service.host_read(host, now=utcnow(), device_count=0)
+    return HostCreated(**read.model_dump(), token=token)
+
+
+@router.get("/hosts/{name}", response_model=HostRead)
+def get_host(name: str, user: CurrentUser, session: SessionDep) -> HostRead:
+    return device_service.get_host_read(session, name=name, now=utcnow())
+
+
+@router.patch("/hosts/{name}", response_model=HostRead)
+def update_host(name: str, data: HostUpdate, admin: AdminUser, session: WriteSessionDep) -> HostRead:
+    """Admins set the enforcement policy, grace, exempt lists; recorded in the audit log."""
+    host = host_service.get_host(session, name)
+    changes = data.model_dump(exclude_unset=True)
+    for k, v in changes.items():
+        setattr(host, k, v)
+    session.add(AuditLog(actor=f"user:{admin.username}", action="host.update", target=f"host:{name}", detail=changes))
+    session.flush()
+    return device_service.get_host_read(session, name=name, now=utcnow())
+
+
+@router.get("/devices", response_model=list[DeviceRead])
+def list_devices(
+    user: CurrentUser, session: SessionDep, host: Annotated[str | None, Query(max_length=128)] = None
+) -> list[DeviceRead]:
+    """Every device with its latest telemetry, processes, current holder and next reservation."""
+    return device_service.list_devices(session, now=utcnow(), host=host)
+
+
+@router.patch("/devices/{uuid}", response_model=DeviceRead)
+def update_device(uuid: str, data: DeviceUpdate, admin: AdminUser, session: WriteSessionDep) -> DeviceRead:
+    """Admins retire a device or mark it open (usable by anyone without a reservation)."""
+    device_service.update_device(
+        session, uuid=uuid, retired=data.retired, is_open=data.is_open, actor=f"user:{admin.username}", now=utcnow()
+    )
+    session.flush()
+    return device_service.get_device_read(session, uuid=uuid, now=utcnow())

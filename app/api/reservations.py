@@ -1,0 +1,76 @@
+"""``/api/v1/reservations``: book, list, change, cancel and release."""
+
+from __future__ import annotations
+
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from app.api.deps import CurrentUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
+from app.schemas.common import Page
+from app.schemas.reservation import ReservationCreate, ReservationRead, ReservationUpdate
+from app.services import reservations as svc
+from app.timeutil import parse_instant
+
+router = APIRouter(prefix="/reservations", tags=["reservations"])
+
+CONFLICT = {409: {"description": "conflict: names each conflicting reservation and the earliest free start"}}
+
+
+@router.post("", status_code=201, response_model=ReservationRead, responses={**CONFLICT, 403: {}, 422: {}})
+def create_reservation(data: ReservationCreate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep, response: Response) -> ReservationRead:
+    """Book devices (UUIDs or indices) of a host for ``[start, end)``."""
+    r = svc.create_reservation(session, actor=user, data=data, settings=settings)
+    response.headers["Location"] = f"/api/v1/reservations/{r.id}"
+    return svc.to_read(r)
+
+
+@router.get("", response_model=Page[ReservationRead])
+def list_reservations(
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    user_filter: Annotated[str | None, Query(alias="user", max_length=64)] = None,
+    host: Annotated[str | None, Query(max_length=128)] = None,
+    device: Annotated[str | None, Query(max_length=128, description="device UUID")] = None,
+    state: Annotated[str | None, Query(pattern="^(upcoming|active|ended|cancelled|released)$")] = None,
+    from_: Annotated[str | None, Query(alias="from", max_length=64, description="overlapping [from, to)")] = None,
+    to: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Page[ReservationRead]:
+    """Everyone's reservations (who holds what is public in the lab), filtered and paginated."""
+    flt = svc.ReservationFilter(
+        user=user_filter, host=host, device=device, state=state,
+        start=parse_instant(from_, field="from") if from_ else None,
+        end=parse_instant(to, field="to") if to else None,
+    )
+    rows, total = svc.list_reservations(session, flt=flt, limit=min(limit, settings.page_size_max), offset=offset)
+    return Page[ReservationRead](items=[svc.to_read(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{reservation_id}", response_model=ReservationRead)
+def get_reservation(reservation_id: int, user: CurrentUser, session: SessionDep) -> ReservationRead:
+    return svc.to_read(svc.get_reservation(session, reservation_id))
+
+
+@router.patch("/{reservation_id}", response_model=ReservationRead, responses={**CONFLICT, 403: {}, 422: {}})
+def update_reservation(reservation_id: int, data: ReservationUpdate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> ReservationRead:
+    """Change the end (extend/shorten) or the note. History cannot be changed (409)."""
+    r = svc.update_reservation(session, actor=user, reservation_id=reservation_id, data=data, settings=settings)
+    return svc.to_read(r)
+
+
+@router.delete("/{reservation_id}", response_model=ReservationRead, responses={409: {}, 403: {}})
+def delete_reservation(reservation_id: int, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+    """Cancel an upcoming reservation, or release an active one (end = now). The row is kept."""
+    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
+
+
+@router.post("/{reservation_id}/release", response_model=ReservationRead, responses={409: {}, 403: {}})
+def release_reservation(reservation_id: int, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+    """Give the devices back now: an active reservation ends now, an upcoming one is cancelled."""
+    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
+
+

@@ -1,0 +1,101 @@
+"""``/api/v1/users``, ``/api/v1/tokens`` and ``/api/v1/me``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from sqlalchemy import select
+
+from app.api.deps import AdminUser, CurrentUser, SessionDep, WriteSessionDep, WriteUser
+from app.errors import Conflict, Forbidden
+from app.models import ApiToken, AuditLog, User
+from app.schemas.user import TokenCreate, TokenCreated, TokenRead, UserCreate, UserRead, UserUpdate
+from app.security import hash_password
+from app.services import users as user_service
+
+router = APIRouter(tags=["users"])
+
+
+def _user_read(session, u: User) -> UserRead:
+    return UserRead(
+        username=u.username, display_name=u.display_name, email=u.email, unix_name=u.unix_name, role=u.role,
+        active=u.active, groups=user_service.group_names_of(session, u), created_at=u.created_at,
+    )
+
+
+@router.get("/me", response_model=UserRead)
+def me(user: CurrentUser, session: SessionDep) -> UserRead:
+    """The caller's account."""
+    return _user_read(session, user)
+
+
+@router.get("/users", response_model=list[UserRead])
+def list_users(user: CurrentUser, session: SessionDep) -> list[UserRead]:
+    """All accounts (lab members see who is who; e-mail addresses only for admins)."""
+    rows = list(session.scalars(select(User).order_by(User.username)))
+    out = [_user_read(session, u) for u in rows]
+    if not user.is_admin:
+        for r in out:
+            r.email = None
+    return out
+
+
+@router.post("/users", status_code=201, response_model=UserRead)
+def create_user(data: UserCreate, admin: AdminUser, session: WriteSessionDep) -> UserRead:
+    u = user_service.create_user(
+        session, username=data.username, password=data.password, email=data.email, unix_name=data.unix_name,
+        display_name=data.display_name, admin=data.role == "admin", actor=f"user:{admin.username}",
+    )
+    return _user_read(session, u)
+
+
+@router.patch("/users/{username}", response_model=UserRead)
+def update_user(username: str, data: UserUpdate, admin: AdminUser, session: WriteSessionDep) -> UserRead:
+    """Admins change a user's role, Unix name, e-mail, password, or deactivate them."""
+    u = user_service.get_user(session, username)
+    changes = data.model_dump(exclude_unset=True)
+    if "unix_name" in changes and changes["unix_name"] is not None:
+        user_service.validate_name(changes["unix_name"], field="unix_name")
+        clash = session.scalar(select(User.id).where(User.unix_name == changes["unix_name"], User.id != u.id))
+        if clash is not None:
+            raise Conflict(f"unix_name: {changes['unix_name']!r} is already taken", field="unix_name")
+    if u.id == admin.id and (changes.get("active") is False or changes.get("role") == "member"):
+        raise Forbidden("admins cannot deactivate or demote themselves")
+    pw = changes.pop("password", None)
+    if pw:
+        u.password_hash = hash_password(pw)
+    for k, v in changes.items():
+        if v is not None or k in ("email", "display_name"):
+            setattr(u, k, v)
+    session.add(AuditLog(actor=f"user:{admin.username}", action="user.update", target=f"user:{username}",
+                         detail={k: v for k, v in changes.items()} | ({"password": "changed"} if pw else {})))
+    session.flush()
+    return _user_read(session, u)
+
+
+def _token_read(t: ApiToken) -> TokenRead:
+    return TokenRead(id=t.id, name=t.name, prefix=t.prefix, created_at=t.created_at, last_used_at=t.last_used_at,
+                     expires_at=t.expires_at, revoked_at=t.revoked_at)
+
+
+@router.get("/tokens", response_model=list[TokenRead])
+def list_tokens(user: CurrentUser, session: SessionDep) -> list[TokenRead]:
+    """The caller's API tokens (never the secrets)."""
+    rows = session.scalars(select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.id))
+    return [_token_read(t) for t in rows]
+
+
+@router.post("/tokens", status_code=201, response_model=TokenCreated)
+def create_token(data: TokenCreate, user: WriteUser, session: WriteSessionDep) -> TokenCreated:
+    """Create an API token for the caller (admins: for ``user``); the secret is shown once."""
+    owner = user
+    if data.user and data.user != user.username:
+        if not user.is_admin:
+            raise Forbidden("user: only admins may create tokens for another user", field="user")
+        owner = user_service.get_user(session, data.user)
+    row, plain = user_service.create_api_token(session, user=owner, name=data.name, expires_days=data.expires_days)
+    return TokenCreated(**_token_read(row).model_dump(), token=plain)
+
+
+@router.delete("/tokens/{token_id}", response_model=TokenRead)
+def revoke_token(token_id: int, user: WriteUser, session: WriteSessionDep) -> TokenRead:
+    return _token_read(user_service.revoke_api_token(session, user=user, token_id=token_id))

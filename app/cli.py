@@ -1,0 +1,161 @@
+"""The ``gpuroster`` command: server administration (``serve``, ``migrate``, ``admin …``)
+and, for lab members, the booking client (``login``, ``reserve``, ``status``, … see
+``app.client``)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from app.config import Settings, get_settings
+
+cli = typer.Typer(
+    name="gpuroster",
+    help="GPU reservations for shared lab servers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+admin = typer.Typer(help="Administration on the server machine (talks to the database directly).", no_args_is_help=True)
+cli.add_typer(admin, name="admin")
+
+
+def _session_factory(settings: Settings):
+    from app.db import build_engine, build_session_factory
+
+    return build_session_factory(build_engine(settings))
+
+
+@cli.command()
+def migrate() -> None:
+    """Apply pending database migrations (GPUROSTER_DATABASE_URL)."""
+    from app.migrate import upgrade
+
+    settings = get_settings()
+    upgrade(settings.sqlalchemy_url)
+    typer.echo(f"database at head: {_redact(settings.sqlalchemy_url)}")
+
+
+@cli.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 1,
+    no_migrate: Annotated[bool, typer.Option("--no-migrate", help="skip applying migrations")] = False,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Apply pending migrations, then run the service with uvicorn."""
+    import uvicorn
+
+    settings = get_settings()
+    if not no_migrate:
+        from app.migrate import upgrade
+
+        upgrade(settings.sqlalchemy_url)
+    uvicorn.run(
+        "app.main:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
+        proxy_headers=True, forwarded_allow_ips="127.0.0.1",
+    )
+
+
+def _read_password(password_stdin: bool) -> str:
+    if password_stdin:
+        pw = sys.stdin.readline().rstrip("\n")
+    else:
+        pw = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    return pw
+
+
+@admin.command("create-user")
+def create_user(
+    name: Annotated[str, typer.Argument(help="username")],
+    is_admin: Annotated[bool, typer.Option("--admin", help="give the admin role")] = False,
+    email: Annotated[str | None, typer.Option(help="e-mail for notices")] = None,
+    unix_name: Annotated[str | None, typer.Option(help="Unix account on the GPU hosts (default: username)")] = None,
+    password_stdin: Annotated[bool, typer.Option("--password-stdin", help="read the password from standard input")] = False,
+    no_password: Annotated[bool, typer.Option("--no-password", help="token-only account, no web sign-in")] = False,
+) -> None:
+    """Create a user (password from a prompt or --password-stdin)."""
+    from app.db import run_in_transaction
+    from app.errors import AppError
+    from app.services import users as user_service
+
+    password = None if no_password else _read_password(password_stdin)
+    try:
+        run_in_transaction(
+            _session_factory(get_settings()),
+            lambda s: user_service.create_user(
+                s, username=name, password=password, email=email, unix_name=unix_name, admin=is_admin, actor="cli"
+            ),
+        )
+    except AppError as e:
+        typer.echo(f"error: {e.detail}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"created user {name}" + (" (admin)" if is_admin else ""))
+
+
+@admin.command("create-token")
+def create_token(
+    user: Annotated[str, typer.Argument(help="username")],
+    name: Annotated[str, typer.Option(help="a label for the token")] = "cli",
+    expires: Annotated[int | None, typer.Option(help="expiry in days")] = None,
+) -> None:
+    """Create an API token for USER and print it once."""
+    from app.db import run_in_transaction
+    from app.errors import AppError
+    from app.services import users as user_service
+
+    def work(s):
+        u = user_service.get_user(s, user)
+        return user_service.create_api_token(s, user=u, name=name, expires_days=expires)[1]
+
+    try:
+        token = run_in_transaction(_session_factory(get_settings()), work)
+    except AppError as e:
+        typer.echo(f"error: {e.detail}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(token)
+
+
+@admin.command("add-host")
+def add_host(name: Annotated[str, typer.Argument(help="host name, as the agent reports it")]) -> None:
+    """Register a GPU host and print its host token once (give it to the agent via --token-file)."""
+    from app.db import run_in_transaction
+    from app.errors import AppError
+    from app.services import hosts as host_service
+
+    try:
+        token = run_in_transaction(_session_factory(get_settings()), lambda s: host_service.create_host(s, name=name, actor="cli")[1])
+    except AppError as e:
+        typer.echo(f"error: {e.detail}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(token)
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _install_client_commands() -> None:
+    try:
+        from app.client import commands
+    except ModuleNotFoundError as e:
+        if e.name in ("app.client", "app.client.commands"):
+            return
+        raise
+    commands.register(cli)
+
+
+_install_client_commands()
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""One error family, one handler: RFC 9457 problem details for the API.
+
+Services raise :class:`AppError` subclasses; :func:`install_error_handlers` renders them as
+``application/problem+json`` (pages render an error fragment instead, see ``app.web``).
+Expected failures are never 500: validation errors become 422 naming the fields, database
+integrity errors that escaped a service become 409.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+PROBLEM = "application/problem+json"
+
+
+class AppError(Exception):
+    """Base of every expected failure: an HTTP status, a short title and a detail message.
+
+    ``extra`` members are added to the problem document (e.g. ``conflicts``, ``rule``).
+    """
+
+    status: int = 400
+    title: str = "Bad request"
+    type_: str = "about:blank"
+
+    def __init__(self, detail: str, *, field: str | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.field = field
+        self.extra = extra
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        doc: dict[str, Any] = {"type": self.type_, "title": self.title, "status": self.status, "detail": self.detail}
+        if instance:
+            doc["instance"] = instance
+        if self.field:
+            doc["field"] = self.field
+        doc.update(self.extra)
+        return doc
+
+
+class BadRequest(AppError):
+    status, title = 400, "Bad request"
+
+
+class Unauthorized(AppError):
+    status, title = 401, "Authentication required"
+
+
+class Forbidden(AppError):
+    status, title = 403, "Forbidden"
+
+
+class NotFound(AppError):
+    status, title = 404, "Not found"
+
+
+class Conflict(AppError):
+    status, title = 409, "Conflict"
+
+
+class ReservationConflict(Conflict):
+    """The requested devices are already reserved for part of the interval."""
+
+    title = "Reservation conflict"
+    type_ = "/problems/reservation-conflict"
+
+
+class HistoryImmutable(Conflict):
+    title = "Reservation is history"
+    type_ = "/problems/reservation-history"
+
+
+class InvalidInput(AppError):
+    """422: the request is well-formed but a field's value is unacceptable."""
+
+    status, title = 422, "Invalid input"
+
+
+class RuleViolation(Forbidden):
+    """403: a sharing rule refuses the request; ``rule``, ``limit`` and what is left are named."""
+
+    title = "Refused by a sharing rule"
+    type_ = "/problems/rule-violation"
+
+
+class PayloadTooLarge(AppError):
+    status, title = 413, "Request body too large"
+
+
+def problem_response(status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(doc, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "cookie")]
+    return ".".join(parts) or "body"
+
+
+def validation_problem(errors: list[dict[str, Any]], instance: str | None = None) -> dict[str, Any]:
+    """422 problem document listing each invalid field (``errors[].field`` and message)."""
+    items = [{"field": _field_of(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in errors]
+    detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:5])
+    doc = {"type": "/problems/validation", "title": "Invalid input", "status": 422, "detail": detail, "errors": items}
+    if instance:
+        doc["instance"] = instance
+    return doc
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers for AppError, validation errors, HTTP errors and IntegrityError."""
+
+    @app.exception_handler(AppError)
+    async def _app_error(request: Request, exc: AppError):
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return problem_response(exc.status, exc.to_problem(request.url.path), headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return problem_response(422, validation_problem(list(exc.errors()), request.url.path))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        doc = {"type": "about:blank", "title": str(exc.detail), "status": exc.status_code, "detail": str(exc.detail)}
+        return problem_response(exc.status_code, doc, getattr(exc, "headers", None))
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError):
+        log.warning("integrity error escaped a service: %s", exc.orig)
+        doc = {
+            "type": "/problems/integrity",
+            "title": "Conflict",
+            "status": 409,
+            "detail": "the change conflicts with existing data (duplicate or referenced row)",
+        }
+        return problem_response(409, doc)

@@ -1,0 +1,143 @@
+"""Builds the FastAPI application: settings, lifespan (engine, sessions), routers, errors."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import text
+
+from app import __version__
+from app.config import Settings, get_settings
+from app.db import build_engine, build_session_factory
+from app.errors import PayloadTooLarge, install_error_handlers, problem_response
+
+log = logging.getLogger("gpuroster")
+
+ROOT = Path(__file__).resolve().parent.parent
+STATIC_DIR = ROOT / "static"
+
+
+class BodySizeLimit:
+    """Pure ASGI middleware: refuse request bodies over ``max_bytes`` with 413 problem details."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", ()):
+            if k == b"content-length":
+                try:
+                    too_big = int(v) > self.max_bytes
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    return await self._reject(scope, receive, send)
+        seen = 0
+        limit = self.max_bytes
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope, receive, send):
+        err = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
+        resp = problem_response(413, err.to_problem(scope.get("path")))
+        await resp(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The application. ``settings`` default to the environment (``GPUROSTER_*``)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = build_engine(settings)
+        app.state.engine = engine
+        app.state.session_factory = build_session_factory(engine)
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="gpuroster",
+        version=__version__,
+        description="GPU reservations for shared lab servers. Authenticate with `Authorization: Bearer <token>`.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.settings = settings
+    install_error_handlers(app)
+
+    from app.api import agent, hosts, reservations, users
+
+    for module in (reservations, hosts, users, agent):
+        app.include_router(module.router, prefix="/api/v1")
+
+    _install_extra_routers(app)
+
+    @app.get("/healthz", tags=["ops"], include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], include_in_schema=False)
+    def readyz():
+        """The database answers and its schema is at the migrations' head."""
+        from app.migrate import current_revision, head_revision
+
+        try:
+            with app.state.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+                current = current_revision(conn)
+        except Exception as e:  # the database is down: not ready, never a 500
+            return problem_response(503, {"title": "Not ready", "status": 503, "detail": f"database unreachable: {e.__class__.__name__}"})
+        head = head_revision()
+        if current != head:
+            return problem_response(503, {"title": "Not ready", "status": 503, "detail": f"schema at {current}, head is {head}: run 'gpuroster migrate'"})
+        return {"status": "ready", "schema": current}
+
+    if STATIC_DIR.is_dir():
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def _install_extra_routers(app: FastAPI) -> None:
+    """Routers of the other areas (pages, findings, rules, metrics, feeds)."""
+    import importlib
+
+    for name in ("app.api.findings", "app.api.rules", "app.api.feeds", "app.api.reports", "app.api.metrics", "app.web"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        prefix = "/api/v1" if name.startswith("app.api.") and name != "app.api.metrics" else ""
+        if hasattr(module, "install"):
+            module.install(app)
+        else:
+            app.include_router(module.router, prefix=prefix)

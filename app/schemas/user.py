@@ -1,0 +1,60 @@
+"""User and token schemas."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class UserCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    username: str = Field(min_length=1, max_length=32)
+    password: str | None = Field(default=None, min_length=8, max_length=1024)
+    email: str | None = Field(default=None, max_length=254)
+    unix_name: str | None = Field(default=None, max_length=32)
+    display_name: str | None = Field(default=None, max_length=128)
+    role: Literal["member", "admin"] = "member"
+
+
+class UserUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    email: str | None = Field(default=None, max_length=254)
+    unix_name: str | None = Field(default=None, max_length=32)
+    display_name: str | None = Field(default=None, max_length=128)
+    role: Literal["member", "admin"] | None = None
+    active: bool | None = None
+    password: str | None = Field(default=None, min_length=8, max_length=1024)
+
+
+class UserRead(BaseModel):
+    username: str
+    display_name: str | None
+    email: str | None
+    unix_name: str
+    role: str
+    active: bool
+    groups: list[str] = Field(default_factory=list)
+    created_at: datetime
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default="token", min_length=1, max_length=128)
+    expires_days: int | None = Field(default=None, ge=1, le=3650)
+    user: str | None = Field(default=None, max_length=32, description="admins: create for this user")
+
+
+class TokenRead(BaseModel):
+    id: int
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenRead):
+    token: str = Field(description="the token, shown once")

@@ -1,0 +1,201 @@
+"""The lab's current state: hosts and devices with telemetry, processes, holders."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from app.errors import NotFound
+from app.models import AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice
+from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, TelemetryRead
+
+STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
+
+
+def host_status(host: Host, now: datetime) -> tuple[str, float | None]:
+    """(status, seconds since the last snapshot): never / stale / the agent's monitoring status."""
+    if host.last_seen_at is None:
+        return "never", None
+    age = (now - host.last_seen_at).total_seconds()
+    if age > STALE_INTERVALS * (host.interval_seconds or 5.0) + 5:
+        return "stale", age
+    return (host.monitoring_status or "ok"), age
+
+
+def host_read(host: Host, *, now: datetime, device_count: int) -> HostRead:
+    status, age = host_status(host, now)
+    return HostRead(
+        name=host.name, policy=host.policy, grace_seconds=host.grace_seconds,
+        kill_timeout_seconds=host.kill_timeout_seconds, notice_interval_seconds=host.notice_interval_seconds,
+        min_uid=host.min_uid, exempt_users=list(host.exempt_users or []),
+        exempt_process_names=list(host.exempt_process_names) if host.exempt_process_names is not None else None,
+        idle_minutes=host.idle_minutes, last_seen_at=host.last_seen_at, seconds_since_snapshot=age, status=status,
+        monitoring_message=host.monitoring_message, source=host.source, replay_of=host.replay_of,
+        agent_version=host.agent_version, driver_version=host.driver_version, cuda_version=host.cuda_version,
+        suspect=host.suspect, suspect_reasons=host.suspect_reasons, device_count=device_count,
+    )
+
+
+def get_host_read(session: Session, *, name: str, now: datetime) -> HostRead:
+    """One host's view; raises NotFound."""
+    host = session.scalar(select(Host).where(Host.name == name))
+    if host is None:
+        raise NotFound(f"host {name!r} not found", field="host")
+    n = session.scalar(select(func.count()).select_from(Device).where(Device.host_id == host.id, Device.retired_at.is_(None)))
+    return host_read(host, now=now, device_count=n or 0)
+
+
+def list_hosts(session: Session, *, now: datetime) -> list[HostRead]:
+    hosts = list(session.scalars(select(Host).order_by(Host.name)))
+    counts: dict[int, int] = defaultdict(int)
+    for hid in session.scalars(select(Device.host_id).where(Device.retired_at.is_(None))):
+        counts[hid] += 1
+    return [host_read(h, now=now, device_count=counts[h.id]) for h in hosts]
+
+
+@dataclass
+class DeviceView:
+    """Everything a page or the API shows about one device right now."""
+
+    device: Device
+    host: Host
+    telemetry: DeviceTelemetry | None
+    processes: list[DeviceProcess] = field(default_factory=list)
+    holder: Reservation | None = None
+    next_reservation: Reservation | None = None
+    finding_pids: dict[int, str] = field(default_factory=dict)
+    status: str = "free"
+
+
+def _device_status(v: DeviceView, host_state: str) -> str:
+    if v.device.retired_at is not None:
+        return "retired"
+    if v.telemetry is not None and v.telemetry.health == "lost":
+        return "lost"
+    if host_state in ("stale", "never"):
+        return "stale"
+    if host_state in ("down", "misconfigured"):
+        return "monitoring-down"
+    if v.finding_pids:
+        return "finding"
+    users = {p.unix_user for p in v.processes if p.unix_user and p.type != "G"}
+    if users:
+        return "in-use"
+    if v.holder is not None:
+        return "reserved-idle"
+    return "free"
+
+
+def device_views(
+    session: Session, *, now: datetime, host_names: list[str] | None = None, uuids: list[str] | None = None
+) -> list[DeviceView]:
+    """Non-retired devices (all, of ``host_names``, or the given ``uuids`` retired or not) with
+    their latest state, ordered by host and index."""
+    q = select(Device).options(selectinload(Device.host))
+    if uuids is not None:
+        q = q.where(Device.uuid.in_(uuids))
+    else:
+        q = q.where(Device.retired_at.is_(None))
+    if host_names:
+        q = q.join(Host, Host.id == Device.host_id).where(Host.name.in_(host_names))
+    devices = list(session.scalars(q))
+    if not devices:
+        return []
+    ids = [d.id for d in devices]
+    tele = {t.device_id: t for t in session.scalars(select(DeviceTelemetry).where(DeviceTelemetry.device_id.in_(ids)))}
+    procs: dict[int, list[DeviceProcess]] = defaultdict(list)
+    for p in session.scalars(select(DeviceProcess).where(DeviceProcess.device_id.in_(ids)).order_by(DeviceProcess.pid)):
+        procs[p.device_id].append(p)
+    # current holder and next reservation per device (MIG: a whole-GPU reservation holds its slices)
+    rows = session.execute(
+        select(ReservationDevice.device_id, ReservationDevice.physical_id, ReservationDevice.slice_kind, Reservation)
+        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
+        .options(selectinload(Reservation.user))
+        .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > now,
+               (ReservationDevice.device_id.in_(ids)) | (ReservationDevice.physical_id.in_(ids)))
+        .order_by(ReservationDevice.start_at)
+    ).all()
+    by_dev: dict[int, list[Reservation]] = defaultdict(list)
+    for dev_id, phys_id, kind, r in rows:
+        by_dev[dev_id].append(r)
+        if kind == 0:  # whole GPU: also holds its MIG instances
+            for d in devices:
+                if d.parent_id == phys_id:
+                    by_dev[d.id].append(r)
+    open_findings: dict[int, dict[int, str]] = defaultdict(dict)
+    for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(("open", "notified")))):
+        if f.pid is not None:
+            open_findings[f.device_id][f.pid] = f.kind
+    out = []
+    for d in devices:
+        v = DeviceView(device=d, host=d.host, telemetry=tele.get(d.id), processes=procs.get(d.id, []),
+                       finding_pids=open_findings.get(d.id, {}))
+        for r in sorted(by_dev.get(d.id, []), key=lambda r: r.start_at):
+            if r.start_at <= now < r.end_at and v.holder is None:
+                v.holder = r
+            elif r.start_at > now and v.next_reservation is None:
+                v.next_reservation = r
+        v.status = _device_status(v, host_status(d.host, now)[0])
+        out.append(v)
+    out.sort(key=lambda v: (v.host.name, v.device.index if v.device.index is not None else 1 << 30, v.device.parent_id or 0, v.device.gpu_instance_id or 0))
+    return out
+
+
+def _holder(r: Reservation | None) -> HolderRead | None:
+    if r is None:
+        return None
+    return HolderRead(reservation_id=r.id, user=r.user.username, start=r.start_at, end=r.end_at)
+
+
+def to_device_read(v: DeviceView, parents: dict[int, str]) -> DeviceRead:
+    t = v.telemetry
+    return DeviceRead(
+        uuid=v.device.uuid, host=v.host.name, index=v.device.index, name=v.device.name, pci_bus_id=v.device.pci_bus_id,
+        memory_total_mib=v.device.memory_total_mib, parent_uuid=parents.get(v.device.parent_id) if v.device.parent_id else None,
+        mig_profile=v.device.mig_profile, is_open=v.device.is_open, retired=v.device.retired_at is not None,
+        last_seen_at=v.device.last_seen_at,
+        telemetry=TelemetryRead.model_validate(t, from_attributes=True) if t is not None else None,
+        processes=[
+            ProcessRead(pid=p.pid, type=p.type, used_memory_mib=p.used_memory_mib, unix_user=p.unix_user, uid=p.uid,
+                        command=p.command, name=p.name, container_id=p.container_id, owner_status=p.owner_status,
+                        finding=v.finding_pids.get(p.pid))
+            for p in v.processes
+        ],
+        holder=_holder(v.holder), next_reservation=_holder(v.next_reservation), status=v.status,
+    )
+
+
+def list_devices(session: Session, *, now: datetime, host: str | None = None) -> list[DeviceRead]:
+    return _reads(session, device_views(session, now=now, host_names=[host] if host else None))
+
+
+def _reads(session: Session, views: list[DeviceView]) -> list[DeviceRead]:
+    parents = {v.device.id: v.device.uuid for v in views}
+    missing = {v.device.parent_id for v in views if v.device.parent_id and v.device.parent_id not in parents}
+    if missing:
+        parents.update(dict(session.execute(select(Device.id, Device.uuid).where(Device.id.in_(missing))).all()))
+    return [to_device_read(v, parents) for v in views]
+
+
+def get_device_read(session: Session, *, uuid: str, now: datetime) -> DeviceRead:
+    """One device's view (retired ones too); raises NotFound."""
+    views = device_views(session, now=now, uuids=[uuid])
+    if not views:
+        raise NotFound(f"device {uuid!r} not found", field="uuid")
+    return _reads(session, views)[0]
+
+
+def update_device(session: Session, *, uuid: str, retired: bool | None, is_open: bool | None, actor: str, now: datetime) -> Device:
+    dev = session.scalar(select(Device).where(Device.uuid == uuid))
+    if dev is None:
+        raise NotFound(f"device {uuid!r} not found", field="uuid")
+    if retired is not None:
+        dev.retired_at = now if retired else None
+    if is_open is not None:
+        dev.is_open = is_open
+    session.add(AuditLog(actor=actor, action="device.update", target=f"device:{uuid}", detail={"retired": retired, "is_open": is_open}))
+    return dev

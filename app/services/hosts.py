@@ -1,0 +1,55 @@
+"""Hosts (GPU servers) and their host tokens."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from app.models import AuditLog, Host
+from app.security import HOST_TOKEN_PREFIX, new_token, token_hash
+
+HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def create_host(session: Session, *, name: str, actor: str = "system") -> tuple[Host, str]:
+    """Register a host; returns it and its plain host token (shown once, stored as SHA-256)."""
+    if not HOST_RE.match(name or ""):
+        raise InvalidInput(f"name: {name!r} is not a valid host name", field="name")
+    if session.scalar(select(Host.id).where(Host.name == name)) is not None:
+        raise Conflict(f"name: host {name!r} already exists", field="name")
+    plain = new_token(HOST_TOKEN_PREFIX)
+    host = Host(name=name, token_hash=token_hash(plain), exempt_users=[], feed_token=secrets.token_urlsafe(24))
+    session.add(host)
+    session.flush()
+    session.add(AuditLog(actor=actor, action="host.create", target=f"host:{name}"))
+    return host, plain
+
+
+def rotate_host_token(session: Session, *, host: Host, actor: str) -> str:
+    plain = new_token(HOST_TOKEN_PREFIX)
+    host.token_hash = token_hash(plain)
+    session.add(AuditLog(actor=actor, action="host.rotate_token", target=f"host:{host.name}"))
+    return plain
+
+
+def get_host(session: Session, name: str) -> Host:
+    host = session.scalar(select(Host).where(Host.name == name))
+    if host is None:
+        raise NotFound(f"host {name!r} not found", field="host")
+    return host
+
+
+def host_for_token(session: Session, plain: str) -> Host:
+    host = session.scalar(select(Host).where(Host.token_hash == token_hash(plain)))
+    if host is None:
+        raise Unauthorized("invalid host token")
+    return host
+
+
+def require_same_host(host: Host, name: str) -> None:
+    if host.name != name:
+        raise Forbidden(f"host: this token belongs to host {host.name!r}, not {name!r}", field="host")

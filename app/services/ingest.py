@@ -1,0 +1,251 @@
+"""Ingest of agent snapshots: devices by UUID, latest telemetry and processes, rollups,
+findings; idempotent by ``(host, seq)``; answers with the host's reservation table."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from agent.schema import HostPolicy, ReservationEntry, Snapshot, SnapshotAck
+from app.config import Settings
+from app.models import (
+    Device,
+    DeviceProcess,
+    DeviceTelemetry,
+    GroupMember,
+    Host,
+    HostSnapshot,
+    UsageRollup,
+    User,
+    utcnow,
+)
+from app.services import findings as findings_service
+from app.services import hosts as host_service
+from app.services import reservations as reservation_service
+
+TELEMETRY_FIELDS = (
+    "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w", "power_limit_w",
+    "throttle_reasons", "ecc_uncorrected", "retired_pages", "persistence_mode", "compute_mode", "health", "error",
+    "processes_status", "processes_error",
+)
+
+
+def host_policy(host: Host) -> HostPolicy:
+    """The host's enforcement settings as the agent receives them."""
+    kwargs: dict[str, object] = dict(
+        policy=host.policy,
+        grace_seconds=host.grace_seconds,
+        kill_timeout_seconds=host.kill_timeout_seconds,
+        notice_interval_seconds=host.notice_interval_seconds,
+        min_uid=host.min_uid,
+        exempt_users=list(host.exempt_users or []),
+        idle_minutes=host.idle_minutes,
+    )
+    if host.exempt_process_names is not None:
+        kwargs["exempt_process_names"] = list(host.exempt_process_names)
+    return HostPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def reservation_table(session: Session, *, host: Host, now: datetime) -> list[ReservationEntry]:
+    """Active, upcoming (48 h) and recently ended (6 h) reservations of ``host`` for the agent."""
+    rows = reservation_service.host_table(session, host=host, now=now)
+    group_ids = {s.group_id for r in rows for s in r.shares if s.group_id}
+    members: dict[int, list[str]] = {}
+    if group_ids:
+        for gid, unix in session.execute(
+            select(GroupMember.group_id, User.unix_name)
+            .join(User, User.id == GroupMember.user_id)
+            .where(GroupMember.group_id.in_(group_ids))
+        ):
+            members.setdefault(gid, []).append(unix)
+    out = []
+    for r in rows:
+        shared: set[str] = set()
+        for s in r.shares:
+            if s.user is not None:
+                shared.add(s.user.unix_name)
+            elif s.group_id:
+                shared.update(members.get(s.group_id, []))
+        out.append(
+            ReservationEntry(
+                id=r.id,
+                user=r.user.username,
+                unix_name=r.user.unix_name,
+                device_uuids=[i.device.uuid for i in r.items],
+                start=r.start_at,
+                end=r.end_at,
+                shared_with=sorted(shared),
+            )
+        )
+    return out
+
+
+def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settings: Settings, now: datetime) -> SnapshotAck:
+    open_devices = list(session.scalars(select(Device.uuid).where(Device.host_id == host.id, Device.is_open.is_(True))))
+    return SnapshotAck(
+        accepted=True,
+        duplicate=duplicate,
+        seq=seq,
+        server_time=now,
+        policy=host_policy(host),
+        reservations=reservation_table(session, host=host, now=now),
+        open_devices=open_devices,
+        booking_url=settings.base_url.rstrip("/") + "/book",
+    )
+
+
+def _upsert_devices(session: Session, host: Host, snap: Snapshot, now: datetime) -> dict[str, Device]:
+    uuids = [d.uuid for d in snap.devices] + [d.parent_uuid for d in snap.devices if d.parent_uuid]
+    known = {d.uuid: d for d in session.scalars(select(Device).where(Device.uuid.in_(uuids)))} if uuids else {}
+    # parents (whole GPUs) first so MIG instances can point at them
+    for rep in sorted(snap.devices, key=lambda d: d.parent_uuid is not None):
+        dev = known.get(rep.uuid)
+        if dev is None:
+            dev = Device(uuid=rep.uuid, host_id=host.id, first_seen_at=now)
+            session.add(dev)
+            known[rep.uuid] = dev
+        dev.host_id = host.id
+        dev.last_seen_at = now
+        for f in ("index", "name", "pci_bus_id", "memory_total_mib", "mig_profile", "gpu_instance_id", "compute_instance_id", "mig_mode", "link_group"):
+            val = getattr(rep, f)
+            if val is not None or f in ("mig_mode",):
+                setattr(dev, f, val)
+        if rep.parent_uuid:
+            parent = known.get(rep.parent_uuid)
+            if parent is not None:
+                if parent.id is None:
+                    session.flush()
+                dev.parent_id = parent.id
+    session.flush()
+    return known
+
+
+def _store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, Device], now: datetime) -> None:
+    dev_ids = [devices[d.uuid].id for d in snap.devices]
+    current = {t.device_id: t for t in session.scalars(select(DeviceTelemetry).where(DeviceTelemetry.device_id.in_(dev_ids)))} if dev_ids else {}
+    for rep in snap.devices:
+        dev = devices[rep.uuid]
+        t = current.get(dev.id)
+        if t is None:
+            t = DeviceTelemetry(device_id=dev.id)
+            session.add(t)
+        t.collected_at = snap.collected_at
+        for f in TELEMETRY_FIELDS:
+            setattr(t, f, getattr(rep, f))
+    session.execute(delete(DeviceProcess).where(DeviceProcess.host_id == host.id))
+    rows = []
+    for p in snap.processes:
+        dev = devices.get(p.device_uuid)
+        if dev is None:
+            continue
+        rows.append(
+            dict(
+                host_id=host.id, device_id=dev.id, pid=p.pid, type=p.type, used_memory_mib=p.used_memory_mib, uid=p.uid,
+                unix_user=p.unix_user, command=p.command, name=p.name, create_time=p.create_time,
+                container_id=p.container_id, owner_status=p.owner_status, seen_at=snap.collected_at,
+            )
+        )
+    if rows:
+        session.execute(DeviceProcess.__table__.insert(), rows)
+
+
+def _rollup(session: Session, snap: Snapshot, devices: dict[str, Device]) -> None:
+    minute = snap.collected_at.replace(second=0, microsecond=0)
+    users_by_dev: dict[str, set[str]] = {}
+    for p in snap.processes:
+        if p.unix_user:
+            users_by_dev.setdefault(p.device_uuid, set()).add(p.unix_user)
+    dialect = session.get_bind().dialect.name
+    ins = pg_insert if dialect == "postgresql" else sqlite_insert
+    values = []
+    for rep in snap.devices:
+        if rep.health != "ok" or snap.stale:
+            continue
+        values.append(
+            dict(
+                device_id=devices[rep.uuid].id,
+                minute=minute,
+                samples=1,
+                utilization_sum=rep.utilization_gpu or 0.0,
+                utilization_samples=1 if rep.utilization_gpu is not None else 0,
+                memory_used_sum_mib=rep.memory_used_mib or 0.0,
+                memory_samples=1 if rep.memory_used_mib is not None else 0,
+                users=sorted(users_by_dev.get(rep.uuid, ())),
+            )
+        )
+    if not values:
+        return
+    stmt = ins(UsageRollup).values(values)
+    ex = stmt.excluded
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[UsageRollup.device_id, UsageRollup.minute],
+        set_=dict(
+            samples=UsageRollup.samples + ex.samples,
+            utilization_sum=UsageRollup.utilization_sum + ex.utilization_sum,
+            utilization_samples=UsageRollup.utilization_samples + ex.utilization_samples,
+            memory_used_sum_mib=UsageRollup.memory_used_sum_mib + ex.memory_used_sum_mib,
+            memory_samples=UsageRollup.memory_samples + ex.memory_samples,
+            users=ex.users,
+        ),
+    )
+    session.execute(stmt)
+
+
+def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: Settings, now: datetime | None = None) -> SnapshotAck:
+    """Store a snapshot of ``host`` and answer with its reservation table and policy.
+
+    Idempotent by ``(host, seq)``: a replayed seq changes nothing and answers
+    ``duplicate=true``. A snapshot older than the latest seq (spool replay after an outage)
+    adds its findings and rollups but does not overwrite the latest state.
+    Raises Forbidden when ``snap.host`` is not the token's host.
+    """
+    now = now or utcnow()
+    host_service.require_same_host(host, snap.host)
+    seen = session.scalar(select(HostSnapshot.id).where(HostSnapshot.host_id == host.id, HostSnapshot.seq == snap.seq))
+    if seen is not None:
+        return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now)
+    try:
+        with session.begin_nested():
+            session.add(HostSnapshot(host_id=host.id, seq=snap.seq, collected_at=snap.collected_at, received_at=now))
+            session.flush()
+    except IntegrityError:
+        return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now)
+
+    devices = _upsert_devices(session, host, snap, now)
+    # Latest by collection time, not seq: a spooled backlog replays older snapshots after newer ones may
+    # have been posted, and an agent whose state was wiped restarts its seq.
+    is_latest = host.last_collected_at is None or snap.collected_at >= host.last_collected_at
+    if is_latest:
+        _store_latest(session, host, snap, devices, now)
+        host.last_seq = snap.seq
+        host.last_collected_at = snap.collected_at
+        host.last_seen_at = now
+        host.interval_seconds = snap.interval_seconds
+        host.agent_version = snap.agent_version
+        host.driver_version = snap.driver_version
+        host.nvml_version = snap.nvml_version
+        host.cuda_version = snap.cuda_version
+        host.source = snap.source
+        host.replay_of = snap.replay_of
+        host.monitoring_status = snap.monitoring.status
+        host.monitoring_message = snap.monitoring.message
+        host.stale = snap.stale
+        host.suspect = snap.suspect
+        host.suspect_reasons = snap.suspect_reasons or None
+    _rollup(session, snap, devices)
+    findings_service.record_findings(session, host=host, reports=snap.findings, now=now)
+    session.flush()
+    return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now)
+
+
+def prune(session: Session, *, settings: Settings, now: datetime | None = None) -> None:
+    """Drop idempotency keys and rollups older than their retention windows."""
+    now = now or utcnow()
+    session.execute(delete(HostSnapshot).where(HostSnapshot.received_at < now - timedelta(days=settings.snapshot_seq_retention_days)))
+    session.execute(delete(UsageRollup).where(UsageRollup.minute < now - timedelta(days=settings.rollup_retention_days)))
+

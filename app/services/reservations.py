@@ -1,0 +1,566 @@
+"""Reservations: booking, conflicts, changes, cancellation and release.
+
+No double booking is decided by the database (see ``app.models.reservation``): on SQLite
+the request's transaction was begun with ``BEGIN IMMEDIATE`` before the conflict check
+(``app.db.lock_for_write``); on PostgreSQL the exclusion constraints refuse an overlapping
+insert even when two app processes passed the check at the same moment, and the
+violation is turned into :class:`ReservationConflict` (409) naming the conflicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+
+from app.config import Settings
+from app.errors import Conflict, Forbidden, HistoryImmutable, InvalidInput, NotFound, ReservationConflict
+from app.models import (
+    AuditLog,
+    Device,
+    DeviceTelemetry,
+    Group,
+    Host,
+    Reservation,
+    ReservationDevice,
+    ReservationShare,
+    User,
+    utcnow,
+)
+from app.schemas.reservation import ConflictRef, DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
+from app.services import hosts as host_service
+from app.timeutil import parse_instant
+
+# Slack for "past" checks: a request that says "start now" may arrive a little late.
+PAST_SLACK = timedelta(seconds=60)
+
+
+def reservation_state(r: Reservation, now: datetime) -> str:
+    """Displayed state: cancelled / released / upcoming / active / ended (half-open interval)."""
+    if r.status == "cancelled":
+        return "cancelled"
+    if r.status == "released":
+        return "released"
+    if now < r.start_at:
+        return "upcoming"
+    if now < r.end_at:
+        return "active"
+    return "ended"
+
+
+def _loaded() -> list:
+    return [
+        selectinload(Reservation.items).selectinload(ReservationDevice.device),
+        selectinload(Reservation.user),
+        selectinload(Reservation.host),
+        selectinload(Reservation.shares).selectinload(ReservationShare.user),
+        selectinload(Reservation.shares).selectinload(ReservationShare.group),
+    ]
+
+
+def get_reservation(session: Session, reservation_id: int) -> Reservation:
+    """The reservation with devices, user, host and shares loaded; raises NotFound."""
+    r = session.scalar(select(Reservation).where(Reservation.id == reservation_id).options(*_loaded()))
+    if r is None:
+        raise NotFound(f"reservation {reservation_id} not found", field="id")
+    return r
+
+
+def cuda_visible_devices(r: Reservation) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the reservation: its device UUIDs in index order."""
+    return ",".join(d.uuid for d in _devices_sorted(r))
+
+
+def _devices_sorted(r: Reservation) -> list[Device]:
+    return sorted((i.device for i in r.items), key=lambda d: (d.index if d.index is not None else 1 << 30, d.uuid))
+
+
+def share_names(r: Reservation) -> list[str]:
+    return sorted(
+        (s.user.username if s.user is not None else f"group:{s.group.name}") for s in r.shares if (s.user or s.group)
+    )
+
+
+def to_read(r: Reservation, now: datetime | None = None) -> ReservationRead:
+    """The API view of a loaded reservation."""
+    now = now or utcnow()
+    return ReservationRead(
+        id=r.id,
+        user=r.user.username,
+        host=r.host.name,
+        devices=[
+            DeviceRef(uuid=d.uuid, index=d.index, name=d.name, pci_bus_id=d.pci_bus_id, mig_profile=d.mig_profile)
+            for d in _devices_sorted(r)
+        ],
+        start=r.start_at,
+        end=r.end_at,
+        state=reservation_state(r, now),  # type: ignore[arg-type]
+        status=r.status,
+        note=r.note,
+        cuda_visible_devices=cuda_visible_devices(r),
+        series_id=r.series_id,
+        shared_with=share_names(r),
+        created_at=r.created_at,
+        override_reason=r.override_reason,
+    )
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) -> list[Device]:
+    """Map UUIDs or indices of ``host`` to devices (index = whole GPUs only, MIG by UUID).
+
+    Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
+    """
+    devices = list(
+        session.scalars(select(Device).where(Device.host_id == host.id, Device.retired_at.is_(None)))
+    )
+    by_uuid = {d.uuid: d for d in devices}
+    by_index = {d.index: d for d in devices if d.parent_id is None and d.index is not None}
+    out: list[Device] = []
+    for ref in refs:
+        text = str(ref).strip()
+        dev = by_uuid.get(text)
+        if dev is None and (isinstance(ref, int) or text.isdigit()):
+            dev = by_index.get(int(text))
+        if dev is None:
+            raise InvalidInput(f"devices: {text!r} is not a device of host {host.name!r}", field="devices")
+        if dev in out:
+            raise InvalidInput(f"devices: {text!r} is listed twice", field="devices")
+        out.append(dev)
+    return out
+
+
+def _check_health(session: Session, devices: Iterable[Device]) -> None:
+    ids = [d.id for d in devices]
+    lost = session.execute(
+        select(Device.uuid, DeviceTelemetry.error)
+        .join(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+        .where(Device.id.in_(ids), DeviceTelemetry.health == "lost")
+    ).all()
+    if lost:
+        names = ", ".join(u for u, _ in lost)
+        raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
+
+
+# ---------------------------------------------------------------------------- conflicts
+
+
+def _overlap_clause(devices: Sequence[Device], start: datetime, end: datetime):
+    """SQL predicate for active reservation_devices rows that exclude ``devices`` in ``[start, end)``."""
+    per_device = []
+    for d in devices:
+        kind = 1 if d.parent_id else 0
+        per_device.append(
+            or_(
+                ReservationDevice.device_id == d.id,
+                and_(ReservationDevice.physical_id == d.physical_id, ReservationDevice.slice_kind != kind),
+            )
+        )
+    return and_(
+        ReservationDevice.active.is_(True),
+        ReservationDevice.start_at < end,
+        ReservationDevice.end_at > start,
+        or_(*per_device),
+    )
+
+
+def find_conflicts(
+    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None = None
+) -> list[Reservation]:
+    """Active reservations holding any of ``devices`` (or their MIG parent/slices) in ``[start, end)``."""
+    q = select(ReservationDevice.reservation_id).where(_overlap_clause(devices, start, end))
+    if exclude_id is not None:
+        q = q.where(ReservationDevice.reservation_id != exclude_id)
+    ids = set(session.scalars(q))
+    if not ids:
+        return []
+    return list(session.scalars(select(Reservation).where(Reservation.id.in_(ids)).options(*_loaded()).order_by(Reservation.start_at)))
+
+
+def earliest_free_start(
+    session: Session, *, devices: Sequence[Device], after: datetime, length: timedelta, exclude_id: int | None = None
+) -> datetime:
+    """The earliest instant ``t >= after`` at which all ``devices`` are free for ``[t, t + length)``."""
+    q = select(ReservationDevice.start_at, ReservationDevice.end_at).where(
+        _overlap_clause(devices, after, datetime.max.replace(tzinfo=after.tzinfo))
+    )
+    if exclude_id is not None:
+        q = q.where(ReservationDevice.reservation_id != exclude_id)
+    busy = sorted(session.execute(q).all())
+    t = after
+    moved = True
+    while moved:
+        moved = False
+        for s, e in busy:
+            if s < t + length and e > t:
+                t = e
+                moved = True
+    return t
+
+
+def _conflict_error(
+    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None
+) -> ReservationConflict:
+    conflicts = find_conflicts(session, devices=devices, start=start, end=end, exclude_id=exclude_id)
+    free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
+    refs = [
+        ConflictRef(
+            id=c.id, user=c.user.username, devices=[d.uuid for d in _devices_sorted(c)], start=c.start_at, end=c.end_at
+        ).model_dump(mode="json")
+        for c in conflicts
+    ]
+    what = "; ".join(
+        f"#{c['id']} by {c['user']} on {', '.join(c['devices'])} [{c['start']}, {c['end']})" for c in refs
+    ) or "a reservation committed concurrently"
+    return ReservationConflict(
+        f"requested devices are reserved: {what}; all free from {free.isoformat()}",
+        conflicts=refs,
+        earliest_free_start=free.isoformat(),
+    )
+
+
+def _insert_items(session: Session, r: Reservation, devices: Sequence[Device]) -> None:
+    for d in devices:
+        r.items.append(
+            ReservationDevice(
+                device_id=d.id,
+                physical_id=d.physical_id,
+                slice_kind=1 if d.parent_id else 0,
+                start_at=r.start_at,
+                end_at=r.end_at,
+                active=True,
+            )
+        )
+
+
+def _flush_guarded(session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None) -> None:
+    """Flush in a savepoint; an exclusion violation (PostgreSQL 23P01) becomes a 409."""
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError as e:
+        code = getattr(e.orig, "sqlstate", None)
+        if code == "23P01":
+            raise _conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id) from None
+        raise
+
+
+# ---------------------------------------------------------------------------- create / change
+
+
+@dataclass(frozen=True)
+class Interval:
+    start: datetime
+    end: datetime
+
+
+def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
+    """``[start, end)`` in UTC from a create request; raises InvalidInput naming the field."""
+    if data.start.strip().lower() == "asap":
+        start = now
+    else:
+        start = parse_instant(data.start, tz=data.tz, field="start", now=now)
+    if data.end is not None:
+        end = parse_instant(data.end, tz=data.tz, field="end", now=now)
+    else:
+        assert data.duration is not None
+        if data.duration <= timedelta(0):
+            raise InvalidInput("duration: must be positive", field="duration")
+        end = start + data.duration
+    return Interval(start, end)
+
+
+def validate_interval(start: datetime, end: datetime, *, now: datetime, settings: Settings, field: str = "end") -> None:
+    """Refuse zero-length, inverted, too short and past intervals (422 naming the field)."""
+    if end <= start:
+        raise InvalidInput(f"{field}: must be after start ({end.isoformat()} <= {start.isoformat()})", field=field)
+    if (end - start).total_seconds() < settings.min_reservation_seconds:
+        raise InvalidInput(
+            f"{field}: a reservation lasts at least {settings.min_reservation_seconds} s", field=field
+        )
+    if start < now - PAST_SLACK:
+        raise InvalidInput(f"start: {start.isoformat()} is in the past", field="start")
+
+
+def _resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationShare]:
+    shares: list[ReservationShare] = []
+    for raw in names:
+        name = raw.strip()
+        if name.startswith("group:"):
+            g = session.scalar(select(Group).where(Group.name == name[6:]))
+            if g is None:
+                raise InvalidInput(f"share_with: no group {name[6:]!r}", field="share_with")
+            shares.append(ReservationShare(group_id=g.id))
+        else:
+            u = session.scalar(select(User).where(User.username == name))
+            if u is None:
+                raise InvalidInput(f"share_with: no user {name!r}", field="share_with")
+            shares.append(ReservationShare(user_id=u.id))
+    return shares
+
+
+def create_reservation(
+    session: Session, *, actor: User, data: ReservationCreate, settings: Settings, now: datetime | None = None
+) -> Reservation:
+    """Book devices for ``[start, end)``; returns the loaded reservation.
+
+    Raises InvalidInput (422) for bad times or devices, Forbidden when a member books for
+    someone else or a sharing rule refuses, ReservationConflict (409) naming conflicts and
+    the earliest free start.
+    """
+    from app.services import rules as rules_service
+
+    now = now or utcnow()
+    owner = actor
+    if data.user and data.user != actor.username:
+        if not actor.is_admin:
+            raise Forbidden("user: only admins may book for another user", field="user")
+        owner = session.scalar(select(User).where(User.username == data.user))
+        if owner is None:
+            raise InvalidInput(f"user: no user {data.user!r}", field="user")
+    if not owner.active:
+        raise InvalidInput(f"user: {owner.username!r} is deactivated", field="user")
+    if data.override_reason and not actor.is_admin:
+        raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
+
+    interval = parse_interval(data, now=now)
+    validate_interval(interval.start, interval.end, now=now, settings=settings)
+
+    if data.count is not None:
+        from app.services import placement
+
+        host, devices, interval = placement.place(
+            session, data=data, owner=owner, interval=interval, now=now
+        )
+    else:
+        if not data.host:
+            raise InvalidInput("host: required when 'devices' are given", field="host")
+        host = host_service.get_host(session, data.host)
+        devices = resolve_devices(session, host=host, refs=data.devices or [])
+    _check_health(session, devices)
+
+    rules_service.validate_reservation(
+        session,
+        owner=owner,
+        actor=actor,
+        host=host,
+        devices=devices,
+        start=interval.start,
+        end=interval.end,
+        existing=None,
+        override_reason=data.override_reason,
+        now=now,
+    )
+
+    if find_conflicts(session, devices=devices, start=interval.start, end=interval.end):
+        raise _conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+
+    r = Reservation(
+        user_id=owner.id,
+        host_id=host.id,
+        start_at=interval.start,
+        end_at=interval.end,
+        status="confirmed",
+        note=data.note,
+        created_by_id=actor.id,
+        override_reason=data.override_reason,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(r)
+    # relationships are lazy="raise": initialise collections explicitly on the new object
+    r.items = []
+    r.shares = _resolve_shares(session, data.share_with or [])
+    _insert_items(session, r, devices)
+    _flush_guarded(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+    session.add(
+        AuditLog(
+            actor=f"user:{actor.username}",
+            action="reservation.create",
+            target=f"reservation:{r.id}",
+            detail={"user": owner.username, "override_reason": data.override_reason} if data.override_reason else {"user": owner.username},
+        )
+    )
+    return get_reservation_fresh(session, r.id)
+
+
+def get_reservation_fresh(session: Session, reservation_id: int) -> Reservation:
+    """Reload with relationships (after changes in this session)."""
+    session.flush()
+    r = session.get(Reservation, reservation_id)
+    if r is not None:
+        session.expire(r)
+    return get_reservation(session, reservation_id)
+
+
+def _can_modify(actor: User, r: Reservation) -> None:
+    if not actor.is_admin and r.user_id != actor.id:
+        raise Forbidden(f"reservation {r.id} belongs to {r.user.username}; only they or an admin may change it")
+
+
+def update_reservation(
+    session: Session,
+    *,
+    actor: User,
+    reservation_id: int,
+    data: ReservationUpdate,
+    settings: Settings,
+    now: datetime | None = None,
+) -> Reservation:
+    """Change the end and/or note. History (ended, cancelled, released) is immutable (409).
+
+    A new end re-checks conflicts (409) and sharing rules; a note-only edit checks no rule.
+    """
+    from app.services import rules as rules_service
+
+    now = now or utcnow()
+    r = get_reservation(session, reservation_id)
+    _can_modify(actor, r)
+    state = reservation_state(r, now)
+    if state in ("ended", "cancelled", "released"):
+        raise HistoryImmutable(f"reservation {r.id} is {state}; history cannot be changed")
+    if data.override_reason and not actor.is_admin:
+        raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
+    if data.note is not None:
+        r.note = data.note
+    if data.end is not None:
+        new_end = parse_instant(data.end, tz=data.tz, field="end", now=now)
+        if new_end <= r.start_at:
+            raise InvalidInput(f"end: must be after start ({r.start_at.isoformat()})", field="end")
+        if new_end <= now and state == "active":
+            raise InvalidInput("end: must be in the future; use release to end it now", field="end")
+        if new_end != r.end_at:
+            devices = [i.device for i in r.items]
+            if new_end > r.end_at and find_conflicts(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id):
+                raise _conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id)
+            rules_service.validate_reservation(
+                session,
+                owner=r.user,
+                actor=actor,
+                host=r.host,
+                devices=devices,
+                start=r.start_at,
+                end=new_end,
+                existing=r,
+                override_reason=data.override_reason,
+                now=now,
+            )
+            old_end = r.end_at
+            r.end_at = new_end
+            for i in r.items:
+                i.end_at = new_end
+            _flush_guarded(session, devices=devices, start=old_end, end=new_end, exclude_id=r.id)
+            session.add(
+                AuditLog(
+                    actor=f"user:{actor.username}",
+                    action="reservation.change_end",
+                    target=f"reservation:{r.id}",
+                    detail={"from": old_end.isoformat(), "to": new_end.isoformat(), "override_reason": data.override_reason},
+                )
+            )
+    r.sequence += 1
+    r.updated_at = now
+    return get_reservation_fresh(session, r.id)
+
+
+def end_reservation(session: Session, *, actor: User, reservation_id: int, now: datetime | None = None) -> Reservation:
+    """DELETE semantics: an upcoming reservation is cancelled, an active one released (end = now).
+
+    Raises HistoryImmutable (409) for ended, cancelled or released reservations.
+    """
+    now = now or utcnow()
+    r = get_reservation(session, reservation_id)
+    _can_modify(actor, r)
+    state = reservation_state(r, now)
+    if state == "upcoming":
+        r.status = "cancelled"
+        r.cancelled_at = now
+        for i in r.items:
+            i.active = False
+        action = "reservation.cancel"
+    elif state == "active":
+        r.status = "released"
+        r.end_at = max(now, r.start_at + timedelta(microseconds=1))
+        for i in r.items:
+            i.end_at = r.end_at
+        action = "reservation.release"
+    else:
+        raise HistoryImmutable(f"reservation {r.id} is {state}; history cannot be changed")
+    r.sequence += 1
+    r.updated_at = now
+    session.add(AuditLog(actor=f"user:{actor.username}", action=action, target=f"reservation:{r.id}"))
+    return get_reservation_fresh(session, r.id)
+
+
+@dataclass
+class ReservationFilter:
+    user: str | None = None
+    host: str | None = None
+    device: str | None = None
+    state: str | None = None
+    start: datetime | None = None  # overlapping [from, to)
+    end: datetime | None = None
+
+
+def list_reservations(
+    session: Session, *, flt: ReservationFilter, limit: int, offset: int, now: datetime | None = None
+) -> tuple[list[Reservation], int]:
+    """Reservations matching ``flt`` ordered by start, with the total count."""
+    now = now or utcnow()
+    q = select(Reservation)
+    if flt.user:
+        q = q.join(User, User.id == Reservation.user_id).where(User.username == flt.user)
+    if flt.host:
+        q = q.join(Host, Host.id == Reservation.host_id).where(Host.name == flt.host)
+    if flt.device:
+        sub = (
+            select(ReservationDevice.reservation_id)
+            .join(Device, Device.id == ReservationDevice.device_id)
+            .where(Device.uuid == flt.device)
+        )
+        q = q.where(Reservation.id.in_(sub))
+    if flt.start is not None:
+        q = q.where(Reservation.end_at > flt.start)
+    if flt.end is not None:
+        q = q.where(Reservation.start_at < flt.end)
+    if flt.state:
+        st = flt.state
+        if st == "cancelled":
+            q = q.where(Reservation.status == "cancelled")
+        elif st == "released":
+            q = q.where(Reservation.status == "released")
+        elif st == "upcoming":
+            q = q.where(Reservation.status == "confirmed", Reservation.start_at > now)
+        elif st == "active":
+            q = q.where(Reservation.status == "confirmed", Reservation.start_at <= now, Reservation.end_at > now)
+        elif st == "ended":
+            q = q.where(Reservation.status == "confirmed", Reservation.end_at <= now)
+        else:
+            raise InvalidInput(
+                "state: one of upcoming, active, ended, cancelled, released", field="state"
+            )
+    total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
+    rows = list(session.scalars(q.options(*_loaded()).order_by(Reservation.start_at, Reservation.id).limit(limit).offset(offset)))
+    return rows, total
+
+
+def host_table(session: Session, *, host: Host, now: datetime, ahead: timedelta = timedelta(hours=48), behind: timedelta = timedelta(hours=6)) -> list[Reservation]:
+    """The host's reservations the agent needs: active, upcoming within ``ahead`` and ended within ``behind``."""
+    q = (
+        select(Reservation)
+        .where(
+            Reservation.host_id == host.id,
+            Reservation.status != "cancelled",
+            Reservation.end_at > now - behind,
+            Reservation.start_at < now + ahead,
+        )
+        .options(*_loaded())
+        .order_by(Reservation.start_at)
+    )
+    return list(session.scalars(q))

@@ -1,0 +1,120 @@
+"""Users, groups and API tokens."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from app.models import ApiToken, AuditLog, Group, GroupMember, User, utcnow
+from app.security import API_TOKEN_PREFIX, hash_password, new_token, token_hash
+
+NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+MIN_PASSWORD = 8
+
+
+def validate_name(value: str, *, field: str) -> str:
+    """A POSIX-style account name (lower case, digits, ``_.-``; at most 32); raises InvalidInput."""
+    if not NAME_RE.match(value or ""):
+        raise InvalidInput(
+            f"{field}: {value!r} must start with a letter or '_' and use only a-z, 0-9, '_', '.', '-' (max 32)",
+            field=field,
+        )
+    return value
+
+
+def create_user(
+    session: Session,
+    *,
+    username: str,
+    password: str | None = None,
+    email: str | None = None,
+    unix_name: str | None = None,
+    display_name: str | None = None,
+    admin: bool = False,
+    actor: str = "system",
+) -> User:
+    """Create a user; ``unix_name`` defaults to ``username``. Raises Conflict if either is taken."""
+    validate_name(username, field="username")
+    unix = validate_name(unix_name or username, field="unix_name")
+    if password is not None and len(password) < MIN_PASSWORD:
+        raise InvalidInput(f"password: at least {MIN_PASSWORD} characters", field="password")
+    if email is not None and "@" not in email:
+        raise InvalidInput("email: not an e-mail address", field="email")
+    clash = session.scalar(select(User).where((User.username == username) | (User.unix_name == unix)))
+    if clash is not None:
+        what = "username" if clash.username == username else "unix_name"
+        raise Conflict(f"{what}: {username if what == 'username' else unix!r} is already taken", field=what)
+    user = User(
+        username=username,
+        unix_name=unix,
+        email=email,
+        display_name=display_name,
+        role="admin" if admin else "member",
+        password_hash=hash_password(password) if password else None,
+        feed_token=secrets.token_urlsafe(24),
+    )
+    session.add(user)
+    session.flush()
+    session.add(AuditLog(actor=actor, action="user.create", target=f"user:{username}", detail={"admin": admin}))
+    return user
+
+
+def get_user(session: Session, username: str) -> User:
+    user = session.scalar(select(User).where(User.username == username))
+    if user is None:
+        raise NotFound(f"user {username!r} not found", field="user")
+    return user
+
+
+def create_api_token(
+    session: Session, *, user: User, name: str = "token", expires_days: int | None = None
+) -> tuple[ApiToken, str]:
+    """Create an API token; returns the row and the plain token (shown once, stored as SHA-256)."""
+    if expires_days is not None and expires_days <= 0:
+        raise InvalidInput("expires: must be a positive number of days", field="expires")
+    plain = new_token(API_TOKEN_PREFIX)
+    row = ApiToken(
+        user_id=user.id,
+        name=name,
+        prefix=plain[:10],
+        token_hash=token_hash(plain),
+        expires_at=utcnow() + timedelta(days=expires_days) if expires_days else None,
+    )
+    session.add(row)
+    session.flush()
+    return row, plain
+
+
+def revoke_api_token(session: Session, *, user: User, token_id: int) -> ApiToken:
+    row = session.get(ApiToken, token_id)
+    if row is None or (row.user_id != user.id and not user.is_admin):
+        raise NotFound(f"token {token_id} not found", field="token")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+    return row
+
+
+def user_for_token(session: Session, plain: str, *, now: datetime | None = None) -> User:
+    """The active user owning the API token ``plain``; raises Unauthorized otherwise."""
+    now = now or utcnow()
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == token_hash(plain)))
+    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+        raise Unauthorized("invalid, expired or revoked token")
+    user = session.get(User, row.user_id)
+    if user is None or not user.active:
+        raise Unauthorized("user is deactivated")
+    if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 300:
+        row.last_used_at = now  # written at most every 5 minutes per token
+    return user
+
+
+def group_names_of(session: Session, user: User) -> list[str]:
+    rows = session.scalars(
+        select(Group.name).join(GroupMember, GroupMember.group_id == Group.id).where(GroupMember.user_id == user.id)
+    )
+    return list(rows)

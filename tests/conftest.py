@@ -1,0 +1,225 @@
+"""Shared fixtures: both databases, a migrated schema per test session, clean tables per test.
+
+Every test that touches the database takes ``db_url`` (directly or through ``app``/``client``)
+and so runs twice: on SQLite and on PostgreSQL. PostgreSQL is expected on 127.0.0.1:5432
+with trust auth (``GPUROSTER_TEST_PG`` overrides the server URL). Without it, those tests
+skip with a loud reason on a laptop and fail under CI (``CI=true``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+PG_SERVER = os.environ.get("GPUROSTER_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+REPO = Path(__file__).resolve().parents[1]
+SHARED = (REPO / ".." / "shared").resolve()
+CORPUS = SHARED / "corpus" / "nvidia-smi"
+
+
+def _pg_admin_url() -> str:
+    return PG_SERVER.replace("postgresql://", "postgresql+psycopg://", 1) + "/postgres"
+
+
+def pg_available() -> str | None:
+    """None if PostgreSQL answers, else the reason it does not."""
+    try:
+        eng = create_engine(_pg_admin_url(), connect_args={"connect_timeout": 3})
+        with eng.connect() as c:
+            c.execute(text("SELECT 1"))
+        eng.dispose()
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure means "not available"
+        return f"{e.__class__.__name__}: {e}".splitlines()[0]
+
+
+def require_pg() -> None:
+    reason = pg_available()
+    if reason is not None:
+        msg = f"PostgreSQL not reachable at {PG_SERVER} ({reason})"
+        if IN_CI:
+            pytest.fail(msg + " — CI must run the PostgreSQL half of the suite")
+        pytest.skip("SKIPPING POSTGRESQL TESTS: " + msg)
+
+
+def _create_pg_database() -> str:
+    name = f"gpuroster_test_{uuid.uuid4().hex[:10]}"
+    eng = create_engine(_pg_admin_url(), isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    eng.dispose()
+    return name
+
+
+def _drop_pg_database(name: str) -> None:
+    eng = create_engine(_pg_admin_url(), isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def _sqlite_url(tmp_path_factory) -> str:
+    from app.migrate import upgrade
+
+    path = tmp_path_factory.mktemp("db") / "gpuroster.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def _pg_url() -> Iterator[str]:
+    require_pg()
+    from app.migrate import upgrade
+
+    name = _create_pg_database()
+    url = f"{PG_SERVER}/{name}"
+    upgrade(url)
+    yield url
+    _drop_pg_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request) -> Iterator[str]:
+    """A migrated database URL, SQLite or PostgreSQL; tables are emptied after the test."""
+    if request.param == "sqlite":
+        url = request.getfixturevalue("_sqlite_url")
+    else:
+        url = request.getfixturevalue("_pg_url")
+    yield url
+    truncate_all(url)
+
+
+def truncate_all(url: str) -> None:
+    from app.config import normalize_database_url
+    from app.models import Base
+
+    eng = create_engine(normalize_database_url(url))
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    with eng.begin() as c:
+        if eng.dialect.name == "postgresql":
+            c.execute(text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
+        else:
+            for t in tables:
+                c.execute(text(f'DELETE FROM "{t}"'))
+    eng.dispose()
+
+
+@pytest.fixture
+def settings(db_url, tmp_path):
+    from app.config import Settings
+
+    return Settings(database_url=db_url, data_dir=tmp_path, environment="test", timezone="Europe/Berlin",
+                    base_url="http://testserver")
+
+
+@pytest.fixture
+def app(settings):
+    from app.main import create_app
+
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app):
+    """A synchronous httpx-based client driving the app in-process (lifespan included)."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def session_factory(app, client) -> sessionmaker[Session]:
+    """The app's own session factory (available once the client started the lifespan)."""
+    return app.state.session_factory
+
+
+@dataclass
+class Actor:
+    username: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@pytest.fixture
+def make_user(session_factory):
+    """``make_user(name, admin=False, unix_name=None, email=None, password=None) -> Actor``."""
+    from app.db import run_in_transaction
+    from app.services import users as user_service
+
+    def _make(name: str, *, admin: bool = False, unix_name: str | None = None, email: str | None = None,
+              password: str | None = None) -> Actor:
+        def work(s):
+            u = user_service.create_user(s, username=name, admin=admin, unix_name=unix_name, email=email, password=password)
+            return user_service.create_api_token(s, user=u, name="test")[1]
+
+        return Actor(name, run_in_transaction(session_factory, work))
+
+    return _make
+
+
+@pytest.fixture
+def make_host(session_factory):
+    """``make_host(name) -> Actor`` whose token is the host token."""
+    from app.db import run_in_transaction
+    from app.services import hosts as host_service
+
+    def _make(name: str) -> Actor:
+        return Actor(name, run_in_transaction(session_factory, lambda s: host_service.create_host(s, name=name)[1]))
+
+    return _make
+
+
+def snapshot_body(host: str, seq: int, devices: list[dict], processes: list[dict] | None = None,
+                  collected_at: datetime | None = None, **extra) -> dict:
+    """A Snapshot JSON body for ``POST /api/v1/agent/snapshots``."""
+    return {
+        "host": host, "seq": seq, "collected_at": (collected_at or datetime.now(UTC)).isoformat(),
+        "devices": devices, "processes": processes or [], **extra,
+    }
+
+
+def gpu(uuid: str, index: int, name: str = "NVIDIA A100-SXM4-80GB", **kw) -> dict:
+    return {"uuid": uuid, "index": index, "name": name, "memory_total_mib": 81920, "pci_bus_id": f"00000000:{index + 1:02X}:00.0", **kw}
+
+
+@pytest.fixture
+def lab(client, make_user, make_host):
+    """A small lab: admin ``root-admin``, members ``alice`` and ``bob``, host ``node-01`` with 4 GPUs."""
+    admin = make_user("boss", admin=True)
+    alice = make_user("alice")
+    bob = make_user("bob")
+    host = make_host("node-01")
+    devices = [gpu(f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}", i) for i in range(4)]
+    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 1, devices), headers=host.headers)
+    assert r.status_code == 200, r.text
+    return Lab(admin=admin, alice=alice, bob=bob, host=host, devices=[d["uuid"] for d in devices])
+
+
+@dataclass
+class Lab:
+    admin: Actor
+    alice: Actor
+    bob: Actor
+    host: Actor
+    devices: list[str]
+
+
+def future(hours: float = 24, *, base: datetime | None = None) -> datetime:
+    """An instant ``hours`` from now (UTC), minute-aligned."""
+    t = (base or datetime.now(UTC)) + timedelta(hours=hours)
+    return t.replace(second=0, microsecond=0)
