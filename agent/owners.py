@@ -1,0 +1,222 @@
+"""Who owns a GPU process: uid, Unix user, command line, start time and container id.
+
+Lookups go through psutil and ``/proc/<pid>/cgroup``. A process that exits mid-lookup is
+"exited", one that cannot be read is "access_denied" (AccessDenied, ``hidepid``), one the
+agent cannot see because it runs outside the host PID namespace is "not_visible"; none of
+them is ever attributed to anybody (``unix_user`` stays ``None``). Results are cached by
+``(pid, create_time)``, so a recycled pid is never mistaken for its predecessor.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from agent.schema import OwnerStatus
+from agent.telemetry import log, to_str
+
+# A container id is 64 hex characters, as a whole path component or after a runtime prefix
+# (docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope, libpod-<id>.scope).
+_CONTAINER_ID = re.compile(r"(?:^|[/\-:])([0-9a-f]{64})(?:\.scope)?(?=/|$)")
+
+
+def container_id_from_cgroup(text: str | None) -> str | None:
+    """The innermost container id in the contents of a ``/proc/<pid>/cgroup`` file, or ``None``.
+
+    Handles cgroup v1 (``N:controllers:/path``) and v2 (``0::/path``), cgroupfs and systemd
+    drivers, Docker, containerd, CRI-O, Podman and Kubernetes paths, and nested containers
+    (the last id on the path is the innermost). Pod UIDs (``pod<uuid>``) are never returned;
+    a ``/`` or a plain login session gives ``None``. Never raises, never returns ``""``.
+    """
+    if not text:
+        return None
+    best: list[str] = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        path = parts[2].strip()
+        if "conmon" in path:  # podman's monitor process, not the container
+            continue
+        ids = _CONTAINER_ID.findall(path)
+        if len(ids) > len(best):
+            best = ids
+    return best[-1] if best else None
+
+
+@dataclass(slots=True)
+class Owner:
+    """Who runs a pid. ``create_time`` in seconds since the epoch (psutil ``create_time()``)."""
+
+    status: OwnerStatus
+    uid: int | None = None
+    user: str | None = None
+    name: str | None = None
+    command: str | None = None
+    create_time: float | None = None
+    container_id: str | None = None
+
+
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def _read_cgroup(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+@dataclass(slots=True)
+class NamespaceCheck:
+    """Start-up view of the agent's place on the host: PID namespace and ``/proc`` options."""
+
+    host_pid_ns: bool | None
+    hidepid: bool
+    is_root: bool
+    warnings: list[str]
+
+
+def check_environment(proc: Path = Path("/proc")) -> NamespaceCheck:
+    """Compare ``/proc/self/ns/pid`` with ``/proc/1/ns/pid`` and look for ``hidepid`` (B05, B13).
+
+    ``host_pid_ns`` is ``None`` when it cannot be told (``/proc/1/ns/pid`` unreadable without
+    root); it is then ``False`` only if pid 1 looks like a container init.
+    """
+    warnings: list[str] = []
+    is_root = os.geteuid() == 0
+    host: bool | None
+    try:
+        host = os.readlink(proc / "self/ns/pid") == os.readlink(proc / "1/ns/pid")
+    except OSError:
+        host = None
+    if host is None:
+        # Without root, /proc/1/ns is unreadable: in a private namespace pid 1 is our own
+        # entry point (a shell, tini, python), on the host it is an init system.
+        try:
+            comm = (proc / "1/comm").read_text().strip()
+            host = comm in ("systemd", "init", "launchd", "openrc-init", "runit", "s6-svscan") or None
+        except OSError:
+            host = None
+    if host is False:
+        warnings.append(
+            "cannot attribute processes: run with host PID namespace (docker --pid=host, hostPID: true); "
+            "GPU processes are reported as owner unknown (not visible)"
+        )
+    hidepid = False
+    try:
+        for line in (proc / "mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and fields[1] == str(proc) and re.search(r"hidepid=(2|invisible|1|noaccess)", fields[3]):
+                hidepid = True
+    except OSError:
+        pass
+    if hidepid and not is_root:
+        warnings.append(
+            "/proc is mounted with hidepid: run the agent as root or in the hidepid gid group, "
+            "otherwise other users' GPU processes are reported as owner unknown (access denied)"
+        )
+    for w in warnings:
+        log.warning("%s", w)
+    return NamespaceCheck(host_pid_ns=host, hidepid=hidepid, is_root=is_root, warnings=warnings)
+
+
+class OwnerResolver:
+    """Resolve pids to owners with psutil, caching by ``(pid, create_time)``.
+
+    :param hide_args: report the executable only, never its arguments.
+    :param host_pid_ns: ``False`` when the agent is known to run outside the host PID
+        namespace: unresolvable pids are then "not_visible" rather than "exited".
+    :param hidepid: ``/proc`` hides other users' processes: unresolvable pids are "access_denied".
+    """
+
+    def __init__(
+        self,
+        *,
+        hide_args: bool = False,
+        host_pid_ns: bool | None = True,
+        hidepid: bool = False,
+        process_factory: Callable[[int], Any] = psutil.Process,
+        user_lookup: Callable[[int], str | None] = _user_name,
+        cgroup_reader: Callable[[int], str | None] = _read_cgroup,
+    ) -> None:
+        self.hide_args = hide_args
+        self.host_pid_ns = host_pid_ns
+        self.hidepid = hidepid
+        self._process = process_factory
+        self._user_lookup = user_lookup
+        self._cgroup = cgroup_reader
+        self._cache: dict[tuple[int, float], Owner] = {}
+        self._users: dict[int, str | None] = {}
+        self._seen: set[tuple[int, float]] = set()
+
+    def _gone(self) -> OwnerStatus:
+        if self.host_pid_ns is False:
+            return "not_visible"
+        if self.hidepid:
+            return "access_denied"
+        return "exited"
+
+    def resolve(self, pid: int) -> Owner:
+        """The owner of ``pid`` now; never raises for vanished or unreadable processes."""
+        try:
+            proc = self._process(pid)
+            create_time = float(proc.create_time())
+        except psutil.NoSuchProcess:
+            return Owner(status=self._gone())
+        except psutil.AccessDenied:
+            return Owner(status="access_denied")
+        except (OSError, ValueError):
+            return Owner(status=self._gone())
+        key = (pid, create_time)
+        self._seen.add(key)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        try:
+            uid = int(proc.uids().real)
+            name = to_str(proc.name(), "process name") or "(unnamed)"
+            try:
+                argv = proc.cmdline()
+            except psutil.AccessDenied:
+                argv = []
+            argv = [to_str(a, "command line") or "" for a in argv]
+            if self.hide_args:
+                command = argv[0] if argv else None
+            else:
+                command = " ".join(argv) if argv else None
+        except psutil.NoSuchProcess:
+            return Owner(status="exited", create_time=create_time)
+        except psutil.AccessDenied:
+            return Owner(status="access_denied", create_time=create_time)
+        except (OSError, ValueError):
+            return Owner(status="exited", create_time=create_time)
+        if uid not in self._users:
+            self._users[uid] = self._user_lookup(uid)
+        owner = Owner(
+            status="ok",
+            uid=uid,
+            user=self._users[uid],
+            name=name[:256],
+            command=command[:4096] if command else None,
+            create_time=create_time,
+            container_id=container_id_from_cgroup(self._cgroup(pid)),
+        )
+        self._cache[key] = owner
+        return owner
+
+    def end_poll(self) -> None:
+        """Forget owners of processes not seen since the previous call (keeps the cache small)."""
+        self._cache = {k: v for k, v in self._cache.items() if k in self._seen}
+        self._seen = set()
