@@ -78,6 +78,11 @@ def warn_once(key: str, msg: str, *args: object, level: int = logging.WARNING) -
     log.log(level, msg, *args)
 
 
+def reset_warnings() -> None:
+    """Forget which warnings were logged (tests; a new agent run)."""
+    _warned.clear()
+
+
 def to_str(value: object, what: str = "value") -> str | None:
     """Normalise bytes / str / None from a binding to ``str`` (B18).
 
