@@ -249,7 +249,9 @@ def _state_dir(settings: AgentSettings, explicit: bool) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpuroster-agent", description="gpuroster host agent: report GPU use to the service")
+    # allow_abbrev=False: "--token SECRET" must fail, not be read as "--token-file SECRET"
+    p = argparse.ArgumentParser(prog="gpuroster-agent", description="gpuroster host agent: report GPU use to the service",
+                                allow_abbrev=False)
     p.add_argument("--config", type=Path, help="TOML file (default /etc/gpuroster/agent.toml)")
     p.add_argument("--server", help="service base URL")
     p.add_argument("--token-file", type=Path, help="file holding the host token (never pass the token itself)")
