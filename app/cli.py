@@ -56,7 +56,7 @@ def serve(
         upgrade(settings.sqlalchemy_url)
     uvicorn.run(
         "app.main:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
-        proxy_headers=True, forwarded_allow_ips="127.0.0.1",
+        proxy_headers=True, forwarded_allow_ips="127.0.0.1", timeout_keep_alive=65,
     )
 
 

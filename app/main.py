@@ -137,6 +137,8 @@ def _install_extra_routers(app: FastAPI) -> None:
                 continue
             raise
         prefix = "/api/v1" if name.startswith("app.api.") and name != "app.api.metrics" else ""
+        if getattr(module, "__file__", None) is None:  # a namespace package: folder without __init__
+            continue
         if hasattr(module, "install"):
             module.install(app)
         else:

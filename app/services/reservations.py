@@ -9,7 +9,7 @@ violation is turned into :class:`ReservationConflict` (409) naming the conflicts
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -239,10 +239,21 @@ def _insert_items(session: Session, r: Reservation, devices: Sequence[Device]) -
         )
 
 
-def _flush_guarded(session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None) -> None:
-    """Flush in a savepoint; an exclusion violation (PostgreSQL 23P01) becomes a 409."""
+def _write_guarded(
+    session: Session,
+    mutate: Callable[[], None],
+    *,
+    devices: Sequence[Device],
+    start: datetime,
+    end: datetime,
+    exclude_id: int | None,
+) -> None:
+    """Run ``mutate()`` and flush inside a savepoint; an exclusion violation (PostgreSQL
+    23P01: another transaction committed an overlapping reservation meanwhile) rolls back
+    just the savepoint and becomes a 409 naming the conflict."""
     try:
         with session.begin_nested():
+            mutate()
             session.flush()
     except IntegrityError as e:
         code = getattr(e.orig, "sqlstate", None)
@@ -373,12 +384,12 @@ def create_reservation(
         created_at=now,
         updated_at=now,
     )
-    session.add(r)
     # relationships are lazy="raise": initialise collections explicitly on the new object
     r.items = []
     r.shares = _resolve_shares(session, data.share_with or [])
-    _insert_items(session, r, devices)
-    _flush_guarded(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+    _insert_items(session, r, sorted(devices, key=lambda d: d.id))  # one lock order for every writer
+
+    _write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None)
     session.add(
         AuditLog(
             actor=f"user:{actor.username}",
@@ -452,10 +463,14 @@ def update_reservation(
                 now=now,
             )
             old_end = r.end_at
-            r.end_at = new_end
-            for i in r.items:
-                i.end_at = new_end
-            _flush_guarded(session, devices=devices, start=old_end, end=new_end, exclude_id=r.id)
+
+            def extend() -> None:
+                r.end_at = new_end
+                for i in r.items:
+                    i.end_at = new_end
+
+            session.flush()
+            _write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id)
             session.add(
                 AuditLog(
                     actor=f"user:{actor.username}",

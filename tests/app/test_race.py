@@ -1,0 +1,115 @@
+"""B21: no double booking under concurrency, over real HTTP, on both databases.
+
+PostgreSQL: two ``gpuroster serve`` processes share one database; SQLite: one server with
+several threads (the lock is the database file's). The verdict comes from SQL: a self-join
+over reservation_devices finds no overlapping active pair.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from app.config import normalize_database_url
+from tests.conftest import future, gpu, snapshot_body
+from tests.live import gpuroster_env, live_server, run_cli
+
+OVERLAPS = text(
+    """
+    SELECT count(*) FROM reservation_devices a JOIN reservation_devices b
+      ON a.id < b.id AND a.active AND b.active AND a.start_at < b.end_at AND b.start_at < a.end_at
+     AND (a.device_id = b.device_id OR (a.physical_id = b.physical_id AND a.slice_kind <> b.slice_kind))
+    """
+)
+
+
+def _setup(env, n_users: int, n_devices: int) -> tuple[list[str], list[str], str]:
+    tokens = []
+    for i in range(n_users):
+        name = f"user{i:02d}"
+        run_cli(["admin", "create-user", name, "--no-password"], env)
+        tokens.append(run_cli(["admin", "create-token", name], env))
+    host_token = run_cli(["admin", "add-host", "node-01"], env)
+    uuids = [f"GPU-{i:08d}-race-0000-0000-000000000000" for i in range(n_devices)]
+    return tokens, uuids, host_token
+
+
+def _register_devices(url: str, host_token: str, uuids: list[str]) -> None:
+    body = snapshot_body("node-01", 1, [gpu(u, i) for i, u in enumerate(uuids)])
+    r = httpx.post(url + "/api/v1/agent/snapshots", json=body, headers={"Authorization": f"Bearer {host_token}"})
+    assert r.status_code == 200, r.text
+
+
+def _count(db_url: str, sql) -> int:
+    eng = create_engine(normalize_database_url(db_url))
+    with eng.connect() as c:
+        n = c.execute(sql).scalar_one()
+    eng.dispose()
+    return n
+
+
+@pytest.mark.slow
+def test_b21_twenty_parallel_requests_one_201(db_url, tmp_path):
+    env = gpuroster_env(db_url, tmp_path)
+    tokens, uuids, host_token = _setup(env, 20, 1)
+    start = future(72)
+    body = {"host": "node-01", "devices": [uuids[0]], "start": start.isoformat(), "end": (start + timedelta(hours=2)).isoformat()}
+    workers = 1 if db_url.startswith("sqlite") else 1
+    with live_server(env, workers=workers, migrate=False) as url_a, live_server(env, migrate=False) as url_b:
+        _register_devices(url_a, host_token, uuids)
+
+        def post(i: int) -> httpx.Response:
+            url = url_a if i % 2 == 0 else url_b
+            return httpx.post(url + "/api/v1/reservations", json=body, headers={"Authorization": f"Bearer {tokens[i]}"}, timeout=60)
+
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            responses = list(pool.map(post, range(20)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [201] + [409] * 19, [(r.status_code, r.text[:200]) for r in responses if r.status_code not in (201, 409)]
+    winner = next(r for r in responses if r.status_code == 201).json()
+    assert _count(db_url, text("SELECT count(*) FROM reservations")) == 1
+    assert _count(db_url, text(f"SELECT count(*) FROM reservations WHERE id = {int(winner['id'])}")) == 1
+    for r in responses:
+        if r.status_code == 409:
+            assert r.json()["conflicts"][0]["id"] == winner["id"]
+
+
+@pytest.mark.slow
+def test_b21_heavy_64_clients_8_devices_no_overlap_no_500(db_url, tmp_path):
+    env = gpuroster_env(db_url, tmp_path)
+    tokens, uuids, host_token = _setup(env, 8, 8)
+    base = future(96)
+    rng = random.Random(21)
+    attempts = []
+    for i in range(320):
+        k = rng.randint(1, 3)
+        devs = rng.sample(uuids, k)
+        s = base + timedelta(minutes=15 * rng.randint(0, 40))
+        attempts.append((i, devs, s, s + timedelta(minutes=15 * rng.randint(1, 8))))
+    with live_server(env, migrate=False, log=tmp_path / "a.log") as url_a, live_server(env, migrate=False, log=tmp_path / "b.log") as url_b:
+        _register_devices(url_a, host_token, uuids)
+        clients = [httpx.Client(base_url=(url_a if i % 2 else url_b), timeout=60) for i in range(2)]
+
+        def post(a) -> int:
+            i, devs, s, e = a
+            r = clients[i % 2].post(
+                "/api/v1/reservations",
+                json={"host": "node-01", "devices": devs, "start": s.isoformat(), "end": e.isoformat()},
+                headers={"Authorization": f"Bearer {tokens[i % len(tokens)]}"},
+            )
+            return r.status_code
+
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            codes = list(pool.map(post, attempts))
+        for c in clients:
+            c.close()
+    logs = "".join((tmp_path / f).read_text()[-3000:] for f in ("a.log", "b.log"))
+    assert set(codes) <= {201, 409}, (sorted(set(codes)), logs)
+    assert codes.count(201) >= 8
+    assert _count(db_url, OVERLAPS) == 0
+    assert _count(db_url, text("SELECT count(*) FROM reservations")) == codes.count(201)
