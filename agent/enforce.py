@@ -25,9 +25,11 @@ Timeline of one process finding (``policy`` from the ack; ``grace`` = ``grace_se
   no longer judged (process exited, reservation made, device released); either is reported
   once more and then forgotten.
 
-``dry_run`` replaces every signal with an :class:`~agent.schema.ActionReport` ``dry_run``
-(after the same re-identification); notices are still sent as the policy says (use policy
-``observe`` for silence). Every signal, refusal (``skipped``) and dry-run is an
+``dry_run`` has no effect on the host: every signal becomes an
+:class:`~agent.schema.ActionReport` ``dry_run`` (after the same re-identification), and every
+notice a :class:`~agent.schema.NoticeReport` with ``delivered=0`` naming the terminals it would
+have been written to; the finding stays ``open`` (nobody was told). The agent uses it for
+replayed captures, whose pids and users belong to another host. Every signal, refusal (``skipped``) and dry-run is an
 ``ActionReport`` on the finding. Nothing in :meth:`Enforcer.evaluate` raises because of one
 bad process, device or finding: the error is logged and that item skipped.
 """
@@ -201,7 +203,7 @@ class Enforcer:
         if not recipient:
             return
         pids = [f.pid] if f.pid is not None else []
-        rep = self.notifier.notify(recipient=recipient, pids=pids, text=f.message or "", at=now)
+        rep = self.notifier.notify(recipient=recipient, pids=pids, text=f.message or "", at=now, dry_run=self.dry_run)
         f.notices.append(rep)
         log.info("notice for %s to %s: %s terminal(s); %s", f.key, recipient, rep.delivered, rep.detail)
         if f.kind == "foreign" and f.holder and f.holder != f.unix_user:
@@ -215,11 +217,11 @@ class Enforcer:
                 pid=f.pid,
                 command=f.command,
             )
-            f.notices.append(self.notifier.notify(recipient=f.holder, pids=[], text=text, at=now))
+            f.notices.append(self.notifier.notify(recipient=f.holder, pids=[], text=text, at=now, dry_run=self.dry_run))
         f.last_notice_at = now
         if f.first_notice_at is None:
             f.first_notice_at = now
-        if f.state == "open":
+        if f.state == "open" and not self.dry_run:
             f.state = "notified"
 
     def _record(self, f: TrackedFinding, action: str, now: datetime, reason: str) -> None:
@@ -278,11 +280,10 @@ class Enforcer:
         self._refused(f, name, out, now)
 
     def _refused(self, f: TrackedFinding, name: str, out: SignalOutcome, now: datetime) -> None:
+        """Record a signal that was not sent; never retried for this finding. The finding ends
+        the usual way: ``resolved`` when no longer listed, ``terminated`` if it had a SIGTERM."""
         self._record(f, "skipped", now, f"{name} not sent: {out.status}: {out.detail}")
         f.kill_settled = True
-        if out.status in ("gone", "reused"):
-            # the process we flagged no longer exists
-            self.tracker.end(f.key, "terminated" if f.signalled else "resolved", now)
 
 
 class _Context:

@@ -272,7 +272,9 @@ def write_terminal(path: str, text: str) -> tuple[bool, str]:
 class Notifier(Protocol):
     """What the enforcer needs from a notifier (injectable for tests)."""
 
-    def notify(self, *, recipient: str, pids: Sequence[int], text: str, at: datetime) -> NoticeReport: ...
+    def notify(
+        self, *, recipient: str, pids: Sequence[int], text: str, at: datetime, dry_run: bool = False
+    ) -> NoticeReport: ...
 
 
 class TerminalNotifier:
@@ -291,15 +293,22 @@ class TerminalNotifier:
         self.discover = discover
         self.write = write
 
-    def notify(self, *, recipient: str, pids: Sequence[int], text: str, at: datetime) -> NoticeReport:
+    def notify(
+        self, *, recipient: str, pids: Sequence[int], text: str, at: datetime, dry_run: bool = False
+    ) -> NoticeReport:
         """Write ``text`` to ``recipient``'s terminals; a :class:`NoticeReport` saying how many
-        got it (``delivered``) and which failed (``detail``). Never raises."""
+        got it (``delivered``) and which failed (``detail``). With ``dry_run`` the terminals are
+        found but not written (``delivered`` 0, ``detail`` lists them). Never raises."""
         banner = f"\n\a*** Message from gpuroster to {recipient} ***\n{text}\n"
         try:
             paths = sorted(set(self.discover(recipient, pids)))
         except Exception as e:  # noqa: BLE001 - discovery must never stop enforcement
             log.warning("terminal discovery for %s failed: %s", recipient, e)
             paths = []
+        if dry_run:
+            where = ", ".join(paths) if paths else "no terminal found"
+            return NoticeReport(channel="terminal", recipient=recipient[:64], at=at, delivered=0,
+                                detail=f"dry run: would write to {where}"[:2048])
         ok: list[str] = []
         failed: list[str] = []
         for path in paths:

@@ -38,11 +38,15 @@ DEVICES = [
 @dataclass
 class FakeNotifier:
     calls: list[tuple[str, list[int], str]] = field(default_factory=list)
+    dry: list[str] = field(default_factory=list)
     fail_for: set[str] = field(default_factory=set)
 
-    def notify(self, *, recipient, pids, text, at):
+    def notify(self, *, recipient, pids, text, at, dry_run=False):
         if recipient in self.fail_for:
             raise RuntimeError("terminal exploded")
+        if dry_run:
+            self.dry.append(recipient)
+            return NoticeReport(recipient=recipient, at=at, delivered=0, detail="dry run")
         self.calls.append((recipient, list(pids), text))
         return NoticeReport(recipient=recipient, at=at, delivered=1, detail="fake")
 
@@ -360,9 +364,11 @@ def test_reused_pid_is_not_signalled(rig) -> None:
     p = proc()
     signaller.alive_map[p.pid] = p.create_time + 3600  # same pid, another process
     a = ack(HostPolicy(policy="terminate", grace_seconds=0))
-    e.evaluate(snap(p), a, T0)
-    [f] = e.evaluate(snap(p), a, T0 + timedelta(seconds=1))
+    [f] = e.evaluate(snap(p), a, T0)  # grace 0: confirmed, warned and due at once
     assert [(x.action, "reused" in x.reason) for x in f.actions] == [("skipped", True)]
+    [f] = e.evaluate(snap(p), a, T0 + timedelta(seconds=5))  # listed again: not retried
+    assert (f.state, f.actions) == ("notified", [])
+    [f] = e.evaluate(snap(), a, T0 + timedelta(seconds=10))
     assert f.state == "resolved"
     assert signaller.sent == []
 
@@ -390,8 +396,10 @@ def test_dry_run_reports_what_it_would_do(tmp_path) -> None:
     actions = [x for reps in polls.values() for f in reps for x in f.actions]
     assert [x.action for x in actions] == ["dry_run", "dry_run"]
     assert actions[0].reason.startswith("would send SIGTERM") and actions[1].reason.startswith("would send SIGKILL")
-    assert signaller.sent == [] and len(notifier.calls) == 1
-    assert polls[T0 + timedelta(seconds=60)][0].state == "notified"
+    assert signaller.sent == [] and notifier.calls == [] and notifier.dry == ["user-a"]
+    [f] = polls[T0 + timedelta(seconds=10)]
+    assert (f.state, [(n.delivered, n.detail) for n in f.notices]) == ("open", [(0, "dry run")])
+    assert polls[T0 + timedelta(seconds=60)][0].state == "open"
 
 
 def test_switch_from_notify_to_terminate_announces_before_signalling(rig) -> None:
