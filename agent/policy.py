@@ -50,8 +50,10 @@ from datetime import datetime, timedelta, timezone
 from agent.schema import DeviceReport, FindingKind, HostPolicy, ProcessReport, ReservationEntry
 
 #: How long after its end a reservation still turns its holder's leftover process into
-#: ``overrun`` rather than ``unreserved`` (the "within the last N hours" of issue 4).
-DEFAULT_OVERRUN_WINDOW = timedelta(hours=12)
+#: ``overrun`` rather than ``unreserved`` (the "within the last N hours" of issue 4). Equal to
+#: how far back the service's table goes (``reservations.host_table(behind=6 h)``): an older
+#: reservation is not in the agent's table anyway.
+DEFAULT_OVERRUN_WINDOW = timedelta(hours=6)
 
 #: Owner statuses whose ``unix_user`` may be trusted (B05, B12, B13 exclude the others).
 KNOWN_OWNER_STATUSES = frozenset({"ok", "replay"})
