@@ -56,13 +56,16 @@ class ReservationCreate(BaseModel):
 
 
 class ReservationUpdate(BaseModel):
-    """Change the end (extend or shorten) or the note of a reservation."""
+    """Change the end (extend or shorten), the note or the shares of a reservation."""
 
     model_config = ConfigDict(extra="forbid")
 
     end: str | None = Field(default=None, max_length=64)
     tz: str | None = Field(default=None, max_length=64)
     note: str | None = Field(default=None, max_length=1024)
+    share_with: list[str] | None = Field(
+        default=None, max_length=64, description="replaces the shares: usernames or group:<name>; [] clears"
+    )
     override_reason: str | None = Field(default=None, max_length=1024)
 
 

@@ -316,6 +316,25 @@ def _resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationS
     return shares
 
 
+def _replace_shares(session: Session, r: Reservation, names: Sequence[str], *, actor: User) -> None:
+    """Replace the users/groups ``r`` is shared with (``[]`` clears); never rule-checked."""
+    wanted = _resolve_shares(session, names)
+    key = lambda s: (s.user_id, s.group_id)  # noqa: E731
+    if {key(s) for s in wanted} == {key(s) for s in r.shares}:
+        return
+    r.shares.clear()
+    session.flush()
+    r.shares.extend(wanted)
+    session.add(
+        AuditLog(
+            actor=f"user:{actor.username}",
+            action="reservation.share",
+            target=f"reservation:{r.id}",
+            detail={"share_with": sorted(set(n.strip() for n in names))},
+        )
+    )
+
+
 def create_reservation(
     session: Session, *, actor: User, data: ReservationCreate, settings: Settings, now: datetime | None = None
 ) -> Reservation:
@@ -367,6 +386,7 @@ def create_reservation(
         existing=None,
         override_reason=data.override_reason,
         now=now,
+        tz=settings.tz,
     )
 
     if find_conflicts(session, devices=devices, start=interval.start, end=interval.end):
@@ -424,9 +444,12 @@ def update_reservation(
     settings: Settings,
     now: datetime | None = None,
 ) -> Reservation:
-    """Change the end and/or note. History (ended, cancelled, released) is immutable (409).
+    """Change the end, the note and/or the shares. History (ended, cancelled, released) is
+    immutable (409).
 
-    A new end re-checks conflicts (409) and sharing rules; a note-only edit checks no rule.
+    A new end re-checks conflicts (409) and sharing rules through the same validator as
+    create (only a longer end can break a rule); note-only and share-only edits check no
+    rule. ``share_with`` replaces the list (``[]`` clears it).
     """
     from app.services import rules as rules_service
 
@@ -440,6 +463,8 @@ def update_reservation(
         raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
     if data.note is not None:
         r.note = data.note
+    if data.share_with is not None:
+        _replace_shares(session, r, data.share_with, actor=actor)
     if data.end is not None:
         new_end = parse_instant(data.end, tz=data.tz, field="end", now=now)
         if new_end <= r.start_at:
@@ -461,6 +486,7 @@ def update_reservation(
                 existing=r,
                 override_reason=data.override_reason,
                 now=now,
+                tz=settings.tz,
             )
             old_end = r.end_at
 

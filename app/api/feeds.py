@@ -1,0 +1,51 @@
+"""ICS calendar feeds (secret URLs, no Authorization header) and the URLs to subscribe to."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.api.deps import SessionDep, SettingsDep, WriteSessionDep, WriteUser
+from app.schemas.rules import FeedRead
+from app.services import calendar as calendar_service
+from app.services import hosts as host_service
+
+router = APIRouter(tags=["feeds"])
+
+ICS = "text/calendar; charset=utf-8"
+_ICS_RESPONSE = {200: {"content": {"text/calendar": {}}, "description": "an iCalendar document"}, 404: {}}
+
+
+@router.get("/feeds/users/{token}.ics", response_class=Response, responses=_ICS_RESPONSE)
+def user_feed(token: str, session: SessionDep, settings: SettingsDep) -> Response:
+    """A user's reservations (and those shared with them) as iCalendar; the token is the secret."""
+    body = calendar_service.user_feed(session, token=token, settings=settings)
+    return Response(body, media_type=ICS, headers={"Cache-Control": "private, max-age=300"})
+
+
+@router.get("/feeds/hosts/{token}.ics", response_class=Response, responses=_ICS_RESPONSE)
+def host_feed(token: str, session: SessionDep, settings: SettingsDep) -> Response:
+    """Every reservation on a host as iCalendar; the token is the secret."""
+    body = calendar_service.host_feed(session, token=token, settings=settings)
+    return Response(body, media_type=ICS, headers={"Cache-Control": "private, max-age=300"})
+
+
+@router.get("/me/feed", response_model=FeedRead)
+def my_feed(user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> FeedRead:
+    """The secret URL of the caller's calendar feed (created on first use)."""
+    token = calendar_service.user_feed_token(session, user=user)
+    return FeedRead(url=calendar_service.feed_url(settings, "users", token))
+
+
+@router.post("/me/feed/rotate", response_model=FeedRead)
+def rotate_my_feed(user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> FeedRead:
+    """A new secret URL for the caller's feed; the old one stops working."""
+    token = calendar_service.user_feed_token(session, user=user, rotate=True)
+    return FeedRead(url=calendar_service.feed_url(settings, "users", token))
+
+
+@router.get("/hosts/{name}/feed", response_model=FeedRead, responses={404: {}})
+def host_feed_url(name: str, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> FeedRead:
+    """The secret URL of a host's calendar feed (who holds what is public in the lab)."""
+    host = host_service.get_host(session, name)
+    token = calendar_service.host_feed_token(session, host=host, actor=user)
+    return FeedRead(url=calendar_service.feed_url(settings, "hosts", token))

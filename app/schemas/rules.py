@@ -1,0 +1,143 @@
+"""Schemas of the sharing-rules API: rules, groups, open devices, usage, availability,
+password sign-in for the CLI and calendar feed URLs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scope = Literal["default", "group", "user"]
+
+
+class RuleLimits(BaseModel):
+    """The limits a rule may set; ``null`` = not set by this rule (inherited)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_devices: int | None = Field(default=None, ge=1, le=4096, description="devices held at once")
+    max_duration_seconds: int | None = Field(default=None, ge=60, le=366 * 86400, description="longest reservation, s")
+    max_ahead_seconds: int | None = Field(default=None, ge=0, le=3 * 366 * 86400,
+                                          description="how far ahead a reservation may start, s")
+    max_gpu_hours_7d: float | None = Field(default=None, gt=0, le=1e7,
+                                           description="device-hours per 7 lab-calendar days")
+    max_concurrent_reservations: int | None = Field(default=None, ge=1, le=4096)
+    allowed_hosts: list[str] | None = Field(default=None, max_length=256, description="host names")
+    allowed_models: list[str] | None = Field(default=None, max_length=256,
+                                             description="model substrings, case-insensitive (e.g. A100)")
+    note: str | None = Field(default=None, max_length=512)
+
+
+class RuleCreate(RuleLimits):
+    """A rule for the lab (``default``), a ``group`` (name it) or a ``user`` (name them)."""
+
+    scope: Scope
+    user: str | None = Field(default=None, max_length=64)
+    group: str | None = Field(default=None, max_length=64)
+
+
+class RuleUpdate(RuleLimits):
+    """Any subset of the limits; ``null`` clears one (it is inherited again)."""
+
+
+class RuleRead(BaseModel):
+    id: int
+    scope: Scope
+    user: str | None
+    group: str | None
+    max_devices: int | None
+    max_duration_seconds: int | None
+    max_ahead_seconds: int | None
+    max_gpu_hours_7d: float | None
+    max_concurrent_reservations: int | None
+    allowed_hosts: list[str] | None
+    allowed_models: list[str] | None
+    note: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class GroupCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=32)
+    description: str | None = Field(default=None, max_length=256)
+    members: list[str] = Field(default_factory=list, max_length=1024, description="usernames")
+
+
+class MembersAdd(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    users: list[str] = Field(min_length=1, max_length=1024, description="usernames")
+
+
+class GroupRead(BaseModel):
+    name: str
+    description: str | None
+    members: list[str]
+    created_at: datetime
+
+
+class OpenDevicesChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    devices: list[str] = Field(min_length=1, max_length=1024, description="device UUIDs")
+
+
+class OpenDeviceRead(BaseModel):
+    uuid: str
+    host: str
+    index: int | None
+    name: str | None
+    is_open: bool
+    reservations_ahead: int | None = Field(
+        default=None, description="current and upcoming reservations still holding it (opening cancels none)"
+    )
+
+
+class LimitUsage(BaseModel):
+    rule: str
+    limit: Any = Field(description="the effective value; null = unlimited")
+    used: Any = Field(description="what is used now (devices, reservations) or in the window (GPU-hours)")
+    left: Any
+    unit: str
+    scope: str | None = Field(description="where the limit comes from: user, group:<name>, default")
+    detail: str
+
+
+class QuotaWindow(BaseModel):
+    start: datetime
+    end: datetime
+
+
+class UsageRead(BaseModel):
+    user: str
+    timezone: str = Field(description="the lab time zone: quota windows and day boundaries")
+    now: datetime
+    window: QuotaWindow = Field(description="the GPU-hour window: the 7 lab days ending today")
+    limits: list[LimitUsage]
+
+
+class SlotRead(BaseModel):
+    host: str
+    start: datetime
+    end: datetime
+    devices: list[str] = Field(description="the device UUIDs a booking now would get")
+    indices: list[int | None]
+    free_until: datetime | None = Field(description="when the first of these devices is next reserved")
+
+
+class AvailabilityRead(BaseModel):
+    count: int
+    duration_seconds: float
+    slots: list[SlotRead]
+
+
+class PasswordLogin(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+    name: str = Field(default="cli", min_length=1, max_length=128, description="a label for the token")
+    expires_days: int | None = Field(default=None, ge=1, le=3650)
+
+
+class FeedRead(BaseModel):
+    url: str = Field(description="secret ICS URL; anyone with it can read the calendar")
