@@ -238,7 +238,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         host.suspect = snap.suspect
         host.suspect_reasons = snap.suspect_reasons or None
     _rollup(session, snap, devices)
-    findings_service.record_findings(session, host=host, reports=snap.findings, now=now)
+    findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
     session.flush()
     return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now)
 

@@ -1,0 +1,339 @@
+"""Service notices about findings: a web notice (shown in the UI), e-mail, a chat webhook.
+
+When and to whom
+    For every finding of a host whose policy is ``notify`` or ``terminate`` that is still
+    ``open``/``notified``, at most one round of service notices per
+    ``Host.notice_interval_seconds`` (the agent rate-limits its terminal notices the same way,
+    separately). A round is: one ``web`` notice row (the UI lists it; status ``sent``); an
+    ``email`` to the offender (``User.email`` of the user whose ``unix_name`` is the process
+    owner) and, for ``foreign``, to the rightful holder; one ``webhook`` POST
+    (``settings.webhook_url``) with ``{"text": ...}``, which Slack and Mattermost incoming
+    webhooks accept. E-mail needs ``settings.smtp_host``, the webhook ``settings.webhook_url``;
+    without them those channels are not used. A user without an e-mail address gets a
+    ``skipped`` row saying so. Hosts that replay captures (``Host.source == "replay"``) get web
+    notices only: their users belong to another machine.
+
+Delivery: after the commit, in the background (a transactional outbox)
+    :func:`queue_notices` runs inside the ingest transaction and only writes rows: e-mail and
+    webhook rows start ``pending``. After that transaction commits, a background worker
+    thread claims them (``pending -> sending``, an atomic conditional UPDATE, so two app
+    replicas never send the same row), sends with short timeouts (SMTP 10 s, webhook 5 s) and
+    records ``sent`` or ``failed`` with the error in ``detail``. Sending therefore never delays
+    nor fails ingest, and a rolled-back ingest sends nothing. Rows left ``pending`` (process
+    died before the commit hook ran) or ``sending`` for over 10 minutes (died mid-send) are
+    picked up by the next delivery run on any replica. A ``failed`` notice is not retried; the
+    next round (after the interval) tries again. :func:`wait_idle` lets tests (and a clean
+    shutdown) wait for deliveries in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import smtplib
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.message import EmailMessage
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy import Engine, event, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.models import Device, Finding, Host, Notice, User, utcnow
+
+log = logging.getLogger(__name__)
+
+SERVICE_CHANNELS = ("web", "email", "webhook")
+ACTIVE_STATES = ("open", "notified")
+SMTP_TIMEOUT_S = 10.0
+WEBHOOK_TIMEOUT_S = 5.0
+STUCK_AFTER = timedelta(minutes=10)
+ORPHAN_AFTER = timedelta(minutes=1)
+
+#: Transport for webhook POSTs; ``None`` is the network. Tests put an ``httpx.MockTransport`` here.
+WEBHOOK_TRANSPORT: httpx.BaseTransport | None = None
+
+_PENDING = "gpuroster.pending_notices"
+_HOOKED = "gpuroster.notice_hook"
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_inflight: set[Future] = set()
+
+
+def _clean(text: str | None, limit: int = 300) -> str:
+    t = _CONTROL.sub("?", text or "").replace("\n", " ")
+    return t if len(t) <= limit else t[: limit - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------------
+# queueing (inside the ingest transaction)
+
+
+def queue_notices(
+    session: Session, *, host: Host, findings: Sequence[Finding], settings: Settings, now: datetime
+) -> list[Notice]:
+    """Write the notice rows due for ``findings`` of ``host`` (see the module docstring) and
+    arrange delivery after the commit. Returns the new rows. Never sends anything itself."""
+    if host.policy == "observe" or not findings:
+        return []
+    active = [f for f in findings if f.state in ACTIVE_STATES]
+    if not active:
+        return []
+    ids = [f.id for f in active]
+    last = dict(
+        session.execute(
+            select(Notice.finding_id, func.max(Notice.sent_at))
+            .where(Notice.finding_id.in_(ids), Notice.channel.in_(SERVICE_CHANNELS))
+            .group_by(Notice.finding_id)
+        ).all()
+    )
+    interval = timedelta(seconds=host.notice_interval_seconds)
+    due = [f for f in active if last.get(f.id) is None or now - last[f.id] >= interval]
+    if not due:
+        return []
+    remote = host.source != "replay"
+    wanted = {u for f in due for u in (f.unix_user, f.holder) if u}
+    users = {u.unix_name: u for u in session.scalars(select(User).where(User.unix_name.in_(wanted)))} if wanted else {}
+    rows: list[Notice] = []
+    for f in due:
+        rows.append(Notice(finding_id=f.id, channel="web", recipient=f.unix_user, sent_at=now, status="sent",
+                           detail=_clean(f"{f.kind}: {f.message or ''}", 2048)))
+        if not remote:
+            continue
+        if settings.smtp_host:
+            recipients = [("offender", f.unix_user)]
+            if f.kind == "foreign" and f.holder and f.holder != f.unix_user:
+                recipients.append(("holder", f.holder))
+            for role, unix in recipients:
+                if not unix:
+                    continue
+                user = users.get(unix)
+                if user is None or not user.email or not user.active:
+                    rows.append(Notice(finding_id=f.id, channel="email", recipient=unix, sent_at=now, status="skipped",
+                                       detail=f"{role}: no active user with an e-mail address for unix user {unix}"))
+                else:
+                    rows.append(Notice(finding_id=f.id, channel="email", recipient=user.email, sent_at=now,
+                                       status="pending", detail=role))
+        if settings.webhook_url:
+            rows.append(Notice(finding_id=f.id, channel="webhook", recipient=urlsplit(settings.webhook_url).hostname or "webhook",
+                               sent_at=now, status="pending", detail="webhook"))
+    session.add_all(rows)
+    session.flush()
+    pending = [n.id for n in rows if n.status == "pending"]
+    if pending:
+        _deliver_after_commit(session, pending, settings)
+    return rows
+
+
+def _deliver_after_commit(session: Session, ids: list[int], settings: Settings) -> None:
+    session.info.setdefault(_PENDING, []).extend(ids)
+    session.info[f"{_PENDING}.settings"] = settings
+    if session.info.get(_HOOKED):
+        return
+    session.info[_HOOKED] = True
+
+    def after_commit(s: Session) -> None:
+        todo = s.info.pop(_PENDING, [])
+        conf = s.info.pop(f"{_PENDING}.settings", settings)
+        if todo:
+            submit(s.get_bind(), conf, todo)  # type: ignore[arg-type]
+
+    def after_rollback(s: Session) -> None:
+        s.info.pop(_PENDING, None)
+
+    event.listen(session, "after_commit", after_commit)
+    event.listen(session, "after_rollback", after_rollback)
+
+
+def submit(engine: Engine, settings: Settings, ids: list[int] | None = None) -> Future:
+    """Deliver the pending notices ``ids`` (and any orphaned ones) on the background worker."""
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuroster-notices")
+        fut = _executor.submit(_deliver_logged, engine, settings, ids)
+        _inflight.add(fut)
+    fut.add_done_callback(lambda f: _inflight.discard(f))
+    return fut
+
+
+def wait_idle(timeout: float = 30.0) -> bool:
+    """Wait until no delivery is in flight; True if idle within ``timeout`` seconds."""
+    with _lock:
+        futures = set(_inflight)
+    if not futures:
+        return True
+    done, not_done = wait_futures(futures, timeout=timeout)
+    return not not_done
+
+
+# ------------------------------------------------------------------------------------------
+# delivery (after the commit, own transactions)
+
+
+@dataclass
+class Outgoing:
+    id: int
+    channel: str
+    recipient: str
+    subject: str
+    body: str
+    status: str = "failed"
+    detail: str = ""
+
+
+def _device_label(d: Device | None, uuid_hint: str | None = None) -> str:
+    if d is None:
+        return f"device {uuid_hint}" if uuid_hint else "an unknown device"
+    idx = f"GPU {d.index} " if d.index is not None else ""
+    name = f"{d.name} " if d.name else ""
+    return f"{idx}{name}(UUID {d.uuid}, bus {d.pci_bus_id or 'n/a'})"
+
+
+def _compose(n: Notice, f: Finding, host: Host, device: Device | None, settings: Settings) -> tuple[str, str]:
+    where = _device_label(device)
+    proc = f"process {f.pid} ({_clean(f.command, 160)})" if f.pid else ""
+    link = settings.base_url.rstrip("/") + "/findings"
+    if n.channel == "email" and n.detail == "holder":
+        subject = f"[gpuroster] your reserved {where.split(' (')[0]} on {host.name} is occupied"
+        body = (f"Your reservation {f.reservation_id or ''} of {where} on {host.name} is occupied by "
+                f"{f.unix_user}'s {proc}.\n{f.unix_user} has been told (host policy: {host.policy}).\n\n{link}\n")
+        return subject, body
+    what = {"foreign": f"on a GPU reserved by {f.holder}", "overrun": "after its reservation ended",
+            "unreserved": "on a GPU without a reservation", "idle": "idle reservation"}.get(f.kind, f.kind)
+    subject = f"[gpuroster] {f.kind} on {host.name}: {where.split(' (')[0]}"
+    if n.channel == "webhook":
+        if f.kind == "idle":
+            text = f"gpuroster: {host.name} {where}: reservation {f.reservation_id} of {f.holder} is idle"
+        else:
+            text = f"gpuroster: {host.name} {where}: {f.unix_user}'s {proc} {what} (policy {host.policy}, state {f.state})"
+        return subject, text
+    body = (f.message or f"{f.unix_user}'s {proc} on {host.name} {where}: {what}.") + f"\n\nHost policy: {host.policy}.\n{link}\n"
+    return subject, body
+
+
+def _claim(session: Session, ids: list[int] | None, now: datetime, settings: Settings) -> list[Outgoing]:
+    conds = [Notice.status == "pending", Notice.channel.in_(("email", "webhook"))]
+    if ids is not None:  # these, plus orphans another process queued but never sent
+        conds.append(or_(Notice.id.in_(ids), Notice.sent_at < now - ORPHAN_AFTER))
+    candidates = list(session.scalars(select(Notice).where(*conds).order_by(Notice.id)))
+    stuck = list(session.scalars(select(Notice).where(Notice.status == "sending", Notice.sent_at < now - STUCK_AFTER)))
+    out: list[Outgoing] = []
+    for n in candidates + stuck:
+        claimed = session.execute(
+            update(Notice).where(Notice.id == n.id, Notice.status == n.status).values(status="sending")
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if claimed != 1:
+            continue
+        f = session.get(Finding, n.finding_id)
+        if f is None:
+            continue
+        host = session.get(Host, f.host_id)
+        device = session.get(Device, f.device_id) if f.device_id else None
+        subject, body = _compose(n, f, host, device, settings)
+        out.append(Outgoing(n.id, n.channel, n.recipient or "", subject, body))
+    return out
+
+
+def _send_emails(items: list[Outgoing], settings: Settings) -> None:
+    if not items:
+        return
+    try:
+        smtp = smtplib.SMTP(settings.smtp_host or "localhost", settings.smtp_port, timeout=SMTP_TIMEOUT_S)
+    except (OSError, smtplib.SMTPException) as e:
+        for it in items:
+            it.detail = f"SMTP {settings.smtp_host}:{settings.smtp_port} unreachable: {e}"
+        return
+    try:
+        if settings.smtp_starttls:
+            smtp.starttls()
+        if settings.smtp_username:
+            smtp.login(settings.smtp_username, settings.smtp_password or "")
+        for it in items:
+            msg = EmailMessage()
+            msg["From"] = settings.smtp_from
+            msg["To"] = it.recipient
+            msg["Subject"] = it.subject
+            msg.set_content(it.body)
+            try:
+                refused = smtp.send_message(msg)
+            except (OSError, smtplib.SMTPException) as e:
+                it.detail = f"SMTP refused: {e}"
+                continue
+            if refused:
+                it.detail = f"SMTP refused: {refused}"
+            else:
+                it.status, it.detail = "sent", f"via {settings.smtp_host}:{settings.smtp_port}"
+    except (OSError, smtplib.SMTPException) as e:
+        for it in items:
+            if it.status != "sent":
+                it.detail = it.detail or f"SMTP session failed: {e}"
+    finally:
+        try:
+            smtp.quit()
+        except (OSError, smtplib.SMTPException):
+            pass
+
+
+def _send_webhooks(items: list[Outgoing], settings: Settings) -> None:
+    if not items or not settings.webhook_url:
+        for it in items:
+            it.detail = "no webhook URL configured"
+        return
+    with httpx.Client(timeout=WEBHOOK_TIMEOUT_S, transport=WEBHOOK_TRANSPORT, follow_redirects=False) as client:
+        for it in items:
+            try:
+                r = client.post(settings.webhook_url, json={"text": it.body})
+            except httpx.HTTPError as e:
+                it.detail = f"webhook unreachable: {type(e).__name__}: {e}"
+                continue
+            if 200 <= r.status_code < 300:
+                it.status, it.detail = "sent", f"HTTP {r.status_code}"
+            else:
+                it.detail = f"webhook answered HTTP {r.status_code}: {r.text[:200]}"
+
+
+def deliver(engine: Engine, settings: Settings, ids: list[int] | None = None, *, now: datetime | None = None) -> list[Outgoing]:
+    """Claim and send pending notices and record the outcome: ``ids`` plus orphaned (pending
+    over a minute) and stuck (sending over 10 minutes) ones; ``ids=None``: every pending one.
+
+    Returns what was attempted. Never raises for a failed send (recorded as ``failed``);
+    database errors propagate (the caller logs them).
+    """
+    from app.db import build_session_factory, run_in_transaction
+
+    factory = build_session_factory(engine)
+    now = now or utcnow()
+    items = run_in_transaction(factory, lambda s: _claim(s, ids, now, settings))
+    if not items:
+        return []
+    _send_emails([i for i in items if i.channel == "email"], settings)
+    _send_webhooks([i for i in items if i.channel == "webhook"], settings)
+
+    def finish(s: Session) -> None:
+        for it in items:
+            s.execute(update(Notice).where(Notice.id == it.id).values(status=it.status, detail=it.detail[:2048])
+                      .execution_options(synchronize_session=False))
+
+    run_in_transaction(factory, finish)
+    for it in items:
+        (log.info if it.status == "sent" else log.warning)("notice %s %s to %s: %s %s", it.id, it.channel, it.recipient, it.status, it.detail)
+    return items
+
+
+def _deliver_logged(engine: Engine, settings: Settings, ids: list[int] | None) -> None:
+    try:
+        deliver(engine, settings, ids)
+    except Exception:  # noqa: BLE001 - a background worker must not die silently
+        log.exception("notice delivery failed; pending notices stay queued for the next run")
+
+
+__all__ = ["SERVICE_CHANNELS", "WEBHOOK_TRANSPORT", "deliver", "queue_notices", "submit", "wait_idle"]
