@@ -1,0 +1,121 @@
+"""The web UI: server-rendered pages (``templates/``) with htmx fragments.
+
+:func:`install` is called by :func:`app.main.create_app`: it adds the page routers, lets
+the JSON API accept the browser session (``app.state.cookie_user_resolver``), and wraps
+the error handlers so that a page gets an HTML error page (or a redirect to sign-in)
+while the API keeps its problem+json documents. Page routes carry the ``web`` tag, which
+is how the handlers tell them apart.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.exc import IntegrityError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.errors import AppError, Unauthorized, validation_problem
+from app.web.deps import Viewer, cookie_user_resolver, viewer_for
+from app.web.render import is_htmx, page
+
+WEB_TAG = "web"
+
+
+def is_page_request(request: Request) -> bool:
+    """True when ``request`` is for a page (a ``web`` route, or an unknown URL a browser asked for)."""
+    route = request.scope.get("route")
+    if route is not None:
+        return WEB_TAG in (getattr(route, "tags", None) or ())
+    path = request.url.path
+    return not path.startswith(("/api/", "/static/")) and "text/html" in request.headers.get("accept", "")
+
+
+def sign_in_redirect(request: Request) -> Response:
+    """Send a visitor without a session to the sign-in page, then back to where they were."""
+    if is_htmx(request):
+        current = urlsplit(request.headers.get("hx-current-url", "/"))
+        target = current.path + (f"?{current.query}" if current.query else "")
+    elif request.method == "GET":
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    else:
+        target = "/"
+    url = "/login?next=" + quote(target, safe="/")
+    if is_htmx(request):
+        return Response(status_code=401, headers={"HX-Redirect": url, "Vary": "HX-Request"})
+    return RedirectResponse(url, status_code=303, headers={"Vary": "HX-Request"})
+
+
+def _viewer_for_error(request: Request) -> Viewer | None:
+    factory = getattr(request.app.state, "session_factory", None)
+    if factory is None:
+        return None
+    with factory() as session:
+        try:
+            return viewer_for(request, session)
+        except Exception:  # noqa: BLE001 - the error page must render even if the database is down
+            return None
+
+
+async def error_page(
+    request: Request, *, status: int, title: str, detail: str, errors: list[dict] | None = None
+) -> Response:
+    """The HTML error page (htmx: the error block, retargeted into the page's message area)."""
+    viewer = await run_in_threadpool(_viewer_for_error, request)
+    headers = {"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"} if is_htmx(request) else None
+    ctx = {"viewer": viewer, "status": status, "title": title, "detail": detail, "errors": errors or []}
+    return page(request, "error.html", ctx, block="error", status=status, headers=headers)
+
+
+def install_page_error_handlers(app: FastAPI) -> None:
+    """Wrap the API's handlers: pages get HTML (or a sign-in redirect), the API keeps problem+json."""
+    api_app_error = app.exception_handlers[AppError]
+    api_validation = app.exception_handlers[RequestValidationError]
+    api_http = app.exception_handlers[StarletteHTTPException]
+    api_integrity = app.exception_handlers[IntegrityError]
+
+    async def app_error(request: Request, exc: Exception):
+        if not is_page_request(request) or not isinstance(exc, AppError):
+            return await api_app_error(request, exc)
+        if isinstance(exc, Unauthorized):
+            return sign_in_redirect(request)
+        return await error_page(request, status=exc.status, title=exc.title, detail=exc.detail)
+
+    async def validation(request: Request, exc: Exception):
+        if not is_page_request(request) or not isinstance(exc, RequestValidationError):
+            return await api_validation(request, exc)
+        doc = validation_problem(list(exc.errors()))
+        return await error_page(request, status=422, title="Invalid input", detail=doc["detail"], errors=doc["errors"])
+
+    async def http_error(request: Request, exc: Exception):
+        if not is_page_request(request) or not isinstance(exc, StarletteHTTPException):
+            return await api_http(request, exc)
+        title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
+        detail = f"there is no page at {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        return await error_page(request, status=exc.status_code, title=title, detail=detail)
+
+    async def integrity(request: Request, exc: Exception):
+        if not is_page_request(request):
+            return await api_integrity(request, exc)
+        return await error_page(
+            request, status=409, title="Conflict",
+            detail="the change conflicts with existing data (a duplicate or a referenced row); nothing was saved",
+        )
+
+    app.add_exception_handler(AppError, app_error)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(IntegrityError, integrity)
+
+
+def install(app: FastAPI) -> None:
+    """Add the page routers, the cookie resolver for the API and the page error handlers."""
+    from app.web import admin, auth, book, findings, mine, now, profile, timeline
+
+    for module in (auth, now, timeline, book, mine, findings, admin, profile):
+        app.include_router(module.router)
+    app.state.cookie_user_resolver = cookie_user_resolver
+    install_page_error_handlers(app)

@@ -1,0 +1,291 @@
+"""Booking (``/book``): choose a host and devices (or "any N devices" when automatic
+placement is installed), a start and a length; see conflicts and the next free time
+before submitting; the result shows the ``CUDA_VISIBLE_DEVICES`` line to copy.
+
+The form is read into :class:`BookForm` (all text, so bad input becomes a message naming
+the field, never a 422 from the framework), turned into the API's
+:class:`~app.schemas.reservation.ReservationCreate`, and booked with the same service
+the JSON API uses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.datastructures import FormData, QueryParams
+
+from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
+from app.config import Settings
+from app.errors import AppError, InvalidInput, ReservationConflict
+from app.models import Device, Host, Reservation, utcnow
+from app.schemas.reservation import ReservationCreate
+from app.services import devices as device_service
+from app.services import hosts as host_service
+from app.services import reservations as reservation_service
+from app.services.devices import DeviceView
+from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_list, form_str
+from app.web.now import DEVICE_BADGES, device_label
+from app.web.render import page
+
+router = APIRouter(tags=["web"], include_in_schema=False)
+
+MAX_LENGTH_HOURS = 24 * 366
+# where service error fields land on this form
+FIELD_ALIASES = {"end": "length", "duration": "length", "constraints": "count"}
+
+
+def placement_available() -> bool:
+    """True when automatic placement (``app.services.placement``) is installed."""
+    return importlib.util.find_spec("app.services.placement") is not None
+
+
+@dataclass
+class BookForm:
+    """The booking form's values, as text (what the user typed)."""
+
+    mode: str = "devices"
+    host: str = ""
+    devices: list[str] = field(default_factory=list)
+    count: str = ""
+    when: str = "now"
+    start: str = ""
+    length: str = "1"
+    note: str = ""
+
+    @classmethod
+    def from_fields(cls, fields: QueryParams | FormData) -> "BookForm":
+        """Read the form from query parameters (GET) or a form body (POST)."""
+        def get(name: str, default: str) -> str:
+            value = fields.get(name)
+            return value.strip() if isinstance(value, str) else default
+
+        return cls(
+            mode=get("mode", "devices") or "devices",
+            host=get("host", ""),
+            devices=form_list(fields, "devices"),
+            count=get("count", ""),
+            when=get("when", "now") or "now",
+            start=get("start", ""),
+            length=get("length", "1"),
+            note=get("note", ""),
+        )
+
+
+def _hours(value: str) -> float:
+    try:
+        hours = float(value.replace(",", "."))
+    except ValueError:
+        raise InvalidInput(f"length: {value!r} is not a number of hours (e.g. 1.5)", field="length") from None
+    if not 0 < hours <= MAX_LENGTH_HOURS:
+        raise InvalidInput(f"length: must be more than 0 and at most {MAX_LENGTH_HOURS} hours", field="length")
+    return hours
+
+
+def to_create(form: BookForm, *, settings: Settings) -> ReservationCreate:
+    """The API request the form stands for; raises InvalidInput naming the form field."""
+    if form.mode not in ("devices", "count"):
+        raise InvalidInput("mode: choose 'devices' or 'count'", field="mode")
+    if form.when not in ("now", "at"):
+        raise InvalidInput("when: choose 'now' or a start time", field="when")
+    hours = _hours(form.length)
+    if form.when == "now":
+        start = "now"
+    elif not form.start:
+        raise InvalidInput("start: give a start date and time, or choose 'now'", field="start")
+    else:
+        start = form.start
+    body: dict[str, Any] = {
+        "start": start, "tz": settings.timezone, "duration": timedelta(seconds=round(hours * 3600)),
+        "note": form.note or None,
+    }
+    if form.mode == "count":
+        if not placement_available():
+            raise InvalidInput("count: automatic placement is not available; choose devices", field="count")
+        try:
+            count = int(form.count)
+        except ValueError:
+            raise InvalidInput(f"count: {form.count!r} is not a whole number of devices", field="count") from None
+        body.update(count=count, host=form.host or None)
+    else:
+        if not form.host:
+            raise InvalidInput("host: choose a host", field="host")
+        if not form.devices:
+            raise InvalidInput("devices: choose at least one device", field="devices")
+        body.update(host=form.host, devices=form.devices)
+    try:
+        return ReservationCreate(**body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = str(first["loc"][0]) if first.get("loc") else "form"
+        name = FIELD_ALIASES.get(name, name)
+        raise InvalidInput(f"{name}: {first['msg']}", field=name) from None
+
+
+@dataclass
+class ConflictLine:
+    """A conflicting reservation as the page names it."""
+
+    id: int
+    user: str
+    devices: list[str]
+    start: datetime
+    end: datetime
+
+
+@dataclass
+class BookingCheck:
+    """What the check shows: the conflicts in the chosen interval and the next free start."""
+
+    start: datetime
+    end: datetime
+    devices: list[str]
+    conflicts: list[ConflictLine]
+    earliest_free: datetime | None
+    free_href: str | None = None
+
+
+def device_names(devices: list[Device]) -> dict[str, str]:
+    """UUID → label (``GPU 0``, ``GPU 0 MIG 3g.40gb``) for the given devices."""
+    by_id = {d.id: d for d in devices}
+    out = {}
+    for d in devices:
+        parent = by_id.get(d.parent_id) if d.parent_id else None
+        if parent is not None:
+            out[d.uuid] = f"GPU {parent.index} MIG {d.mig_profile or d.gpu_instance_id}"
+        else:
+            out[d.uuid] = f"GPU {d.index}" if d.index is not None else d.uuid
+    return out
+
+
+def conflict_lines(conflicts: list[dict[str, Any]] | list[Reservation], names: dict[str, str]) -> list[ConflictLine]:
+    """Conflicts from a 409's ``conflicts`` member or from reservations, with device labels."""
+    out = []
+    for c in conflicts:
+        if isinstance(c, Reservation):
+            uuids = [i.device.uuid for i in c.items]
+            out.append(ConflictLine(c.id, c.user.username, [names.get(u, u) for u in uuids], c.start_at, c.end_at))
+        else:
+            out.append(ConflictLine(
+                int(c["id"]), str(c["user"]), [names.get(u, u) for u in c["devices"]],
+                datetime.fromisoformat(str(c["start"])).astimezone(UTC), datetime.fromisoformat(str(c["end"])).astimezone(UTC),
+            ))
+    return out
+
+
+def check_booking(session: Session, *, form: BookForm, settings: Settings, now: datetime) -> BookingCheck:
+    """Conflicts of the chosen devices and interval, and the earliest start at which all are
+    free for the chosen length (``find_conflicts`` / ``earliest_free_start``). Raises
+    InvalidInput naming the field for bad input."""
+    data = to_create(form, settings=settings)
+    if data.count is not None:
+        raise InvalidInput("count: placement picks the devices when you book; the check needs specific devices", field="count")
+    interval = reservation_service.parse_interval(data, now=now)
+    reservation_service.validate_interval(interval.start, interval.end, now=now, settings=settings)
+    host = host_service.get_host(session, data.host or "")
+    devices = reservation_service.resolve_devices(session, host=host, refs=data.devices or [])
+    conflicts = reservation_service.find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
+    free = reservation_service.earliest_free_start(
+        session, devices=devices, after=max(interval.start, now), length=interval.end - interval.start
+    )
+    all_devices = list(session.scalars(select(Device).where(Device.host_id == host.id)))
+    names = device_names(all_devices)
+    return BookingCheck(
+        start=interval.start, end=interval.end, devices=[names.get(d.uuid, d.uuid) for d in devices],
+        conflicts=conflict_lines(conflicts, names), earliest_free=free if conflicts else None,
+    )
+
+
+def _host_names(session: Session) -> list[str]:
+    return list(session.scalars(select(Host.name).order_by(Host.name)))
+
+
+def form_context(
+    session: Session, *, viewer: Viewer, form: BookForm, settings: Settings, now: datetime
+) -> dict[str, Any]:
+    """Hosts, the chosen host's devices with their state, and the form values for the template."""
+    hosts = _host_names(session)
+    if not form.host and hosts and form.mode != "count":
+        form.host = hosts[0]
+    views: list[DeviceView] = device_service.device_views(session, now=now, host_names=[form.host]) if form.host in hosts else []
+    by_id = {v.device.id: v for v in views}
+    rows = [
+        {"view": v, "label": device_label(v, by_id), "badge": DEVICE_BADGES.get(v.status, v.status)} for v in views
+    ]
+    default_start = now.astimezone(settings.tz).replace(second=0, microsecond=0) + timedelta(minutes=15 - now.astimezone(settings.tz).minute % 15)
+    return {
+        "viewer": viewer, "active": "book", "form": form, "hosts": hosts, "device_rows": rows,
+        "placement": placement_available(), "default_start": default_start.strftime("%Y-%m-%dT%H:%M"), "now": now,
+    }
+
+
+def _error_fields(e: AppError) -> tuple[str | None, str]:
+    field_name = FIELD_ALIASES.get(e.field or "", e.field)
+    detail = e.detail
+    if e.field in FIELD_ALIASES and detail.startswith(f"{e.field}:"):
+        detail = f"{field_name}:{detail[len(e.field) + 1:]}"
+    return field_name, detail
+
+
+@router.get("/book")
+def book_page(request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep) -> Response:
+    """The booking form, prefilled from the query (the timeline links here)."""
+    form = BookForm.from_fields(request.query_params)
+    ctx = form_context(session, viewer=viewer, form=form, settings=settings, now=utcnow())
+    return page(request, "book.html", ctx, block="devices")
+
+
+@router.get("/book/check")
+def book_check(request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep) -> Response:
+    """Conflicts and the next free time for the form's current values (htmx: the ``check`` block)."""
+    now = utcnow()
+    form = BookForm.from_fields(request.query_params)
+    check: BookingCheck | None = None
+    check_error = check_field = None
+    if form.mode == "count" or form.devices:  # with no device chosen yet there is nothing to check
+        try:
+            check = check_booking(session, form=form, settings=settings, now=now)
+        except AppError as e:
+            check_field, check_error = _error_fields(e)
+    if check is not None and check.earliest_free is not None:
+        local = check.earliest_free.astimezone(settings.tz).strftime("%Y-%m-%dT%H:%M")
+        params = QueryParams([("mode", "devices"), ("host", form.host), *[("devices", d) for d in form.devices],
+                              ("when", "at"), ("start", local), ("length", form.length), ("note", form.note)])
+        check.free_href = f"/book?{params}"
+    ctx = form_context(session, viewer=viewer, form=form, settings=settings, now=now)
+    ctx.update(check=check, check_error=check_error, error_field=check_field)
+    return page(request, "book.html", ctx, block="check")
+
+
+@router.post("/book")
+def book(request: Request, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep, form_body: FormBody) -> Response:
+    """Book the form's devices; 303 to the reservation (with its CUDA_VISIBLE_DEVICES line),
+    or the form again with the error naming the field or the conflicting reservations."""
+    form = BookForm.from_fields(form_body)
+    try:
+        data = to_create(form, settings=settings)
+        r = reservation_service.create_reservation(session, actor=viewer.user, data=data, settings=settings)
+    except AppError as e:
+        session.rollback()  # nothing of a refused booking is kept
+        now = utcnow()
+        ctx = form_context(session, viewer=viewer, form=form, settings=settings, now=now)
+        error_field, error = _error_fields(e)
+        conflicts: list[ConflictLine] = []
+        free = None
+        if isinstance(e, ReservationConflict):
+            host_devices = list(session.scalars(select(Device).join(Host).where(Host.name == form.host))) if form.host else []
+            conflicts = conflict_lines(e.extra.get("conflicts", []), device_names(host_devices))
+            free_text = e.extra.get("earliest_free_start")
+            free = datetime.fromisoformat(free_text) if free_text else None
+            error = "the devices are already reserved in that interval"
+            error_field = "devices"
+        ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free)
+        return page(request, "book.html", ctx, status=e.status)
+    return RedirectResponse(f"/me/reservations/{r.id}?booked=1", status_code=303)

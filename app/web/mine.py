@@ -1,0 +1,134 @@
+"""My reservations (``/me/reservations``): upcoming, active and past; cancel, release now,
+extend. One reservation's page (``/me/reservations/{id}``) shows the lines to copy into a
+shell (``CUDA_VISIBLE_DEVICES`` by UUID, ``CUDA_DEVICE_ORDER``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.orm import Session
+
+from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
+from app.config import Settings
+from app.errors import AppError, InvalidInput, ReservationConflict
+from app.models import Reservation, utcnow
+from app.schemas.reservation import ReservationUpdate
+from app.services import reservations as reservation_service
+from app.web.book import conflict_lines, device_names
+from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
+from app.web.render import page
+
+router = APIRouter(tags=["web"], include_in_schema=False)
+
+PAST_DAYS = 30
+
+
+@dataclass
+class MyReservations:
+    """The viewer's reservations by state (past: the last ``PAST_DAYS`` days, newest first)."""
+
+    active: list[Reservation] = field(default_factory=list)
+    upcoming: list[Reservation] = field(default_factory=list)
+    past: list[Reservation] = field(default_factory=list)
+
+
+def my_reservations(session: Session, *, viewer: Viewer, settings: Settings, now: datetime) -> MyReservations:
+    """Active, upcoming and recent past reservations of the viewer."""
+    flt = reservation_service.ReservationFilter(user=viewer.user.username, start=now - timedelta(days=PAST_DAYS))
+    rows, _ = reservation_service.list_reservations(session, flt=flt, limit=settings.page_size_max, offset=0, now=now)
+    out = MyReservations()
+    for r in rows:
+        state = reservation_service.reservation_state(r, now)
+        {"active": out.active, "upcoming": out.upcoming}.get(state, out.past).append(r)
+    out.past.sort(key=lambda r: r.start_at, reverse=True)
+    return out
+
+
+def export_lines(r: Reservation) -> str:
+    """The shell lines that pin a job to the reservation's devices by UUID."""
+    return f"export CUDA_VISIBLE_DEVICES={reservation_service.cuda_visible_devices(r)}\nexport CUDA_DEVICE_ORDER=PCI_BUS_ID"
+
+
+def _list_page(request: Request, session: Session, viewer: Viewer, settings: Settings, *, status: int = 200,
+               **extra: Any) -> Response:
+    now = utcnow()
+    ctx = {
+        "viewer": viewer, "active": "mine", "mine": my_reservations(session, viewer=viewer, settings=settings, now=now),
+        "now": now, "state_of": lambda r: reservation_service.reservation_state(r, now), "past_days": PAST_DAYS,
+        "cuda": reservation_service.cuda_visible_devices, "refs": lambda r: reservation_service.to_read(r, now).devices,
+        "one_hour": timedelta(hours=1), **extra,
+    }
+    return page(request, "mine.html", ctx, block="reservations", status=status)
+
+
+@router.get("/me/reservations")
+def my_reservations_page(
+    request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep,
+    done: Annotated[str | None, Query(max_length=32)] = None,
+) -> Response:
+    """The viewer's reservations with their actions."""
+    notices = {"cancelled": "Reservation cancelled.", "released": "Devices released.", "extended": "Reservation changed."}
+    return _list_page(request, session, viewer, settings, notice=notices.get(done or ""))
+
+
+@router.get("/me/reservations/{reservation_id}")
+def reservation_page(
+    request: Request, reservation_id: int, viewer: PageViewer, session: SessionDep,
+    booked: Annotated[str | None, Query(max_length=8)] = None,
+) -> Response:
+    """One reservation (anyone's: who holds what is public in the lab); the export lines to copy."""
+    r = reservation_service.get_reservation(session, reservation_id)
+    now = utcnow()
+    ctx = {
+        "viewer": viewer, "active": "mine", "r": r, "state": reservation_service.reservation_state(r, now),
+        "exports": export_lines(r), "now": now, "can_change": viewer.user.is_admin or r.user_id == viewer.user.id,
+        "notice": "Booked. Copy the lines below into the shell that starts your job." if booked else None,
+        "read": reservation_service.to_read(r, now),
+    }
+    return page(request, "reservation.html", ctx)
+
+
+def _failed(request: Request, session: Session, viewer: Viewer, settings: Settings, reservation_id: int, e: AppError) -> Response:
+    session.rollback()  # a refused change leaves nothing behind
+    conflicts = []
+    if isinstance(e, ReservationConflict):
+        mine = reservation_service.get_reservation(session, reservation_id)
+        conflicts = conflict_lines(e.extra.get("conflicts", []), device_names([i.device for i in mine.items]))
+    detail = "the devices are reserved by someone else in the added time" if conflicts else e.detail
+    return _list_page(request, session, viewer, settings, status=e.status, error=f"#{reservation_id}: {detail}",
+                      error_title=e.title, error_for=reservation_id, conflicts=conflicts)
+
+
+@router.post("/me/reservations/{reservation_id}/end")
+def end_reservation(
+    request: Request, reservation_id: int, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep
+) -> Response:
+    """Cancel an upcoming reservation or release an active one now (the row is kept)."""
+    try:
+        r = reservation_service.end_reservation(session, actor=viewer.user, reservation_id=reservation_id)
+    except AppError as e:
+        return _failed(request, session, viewer, settings, reservation_id, e)
+    return RedirectResponse(f"/me/reservations?done={r.status}", status_code=303)
+
+
+@router.post("/me/reservations/{reservation_id}/extend")
+def extend_reservation(
+    request: Request, reservation_id: int, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep,
+    form: FormBody,
+) -> Response:
+    """Move the end (``end``: wall time in the lab zone); conflicts are named on the page."""
+    end = form_str(form, "end")
+    try:
+        if not end or len(end) > 64:
+            raise InvalidInput("end: give the new end date and time", field="end")
+        data = ReservationUpdate(end=end, tz=settings.timezone)
+        reservation_service.update_reservation(
+            session, actor=viewer.user, reservation_id=reservation_id, data=data, settings=settings
+        )
+    except AppError as e:
+        return _failed(request, session, viewer, settings, reservation_id, e)
+    return RedirectResponse("/me/reservations?done=extended", status_code=303)

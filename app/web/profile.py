@@ -1,0 +1,87 @@
+"""Profile (``/profile``): the account, and the user's own API tokens (create, revoke).
+
+A new token's secret is shown once, in the response to the form post itself, with
+``Cache-Control: no-store``: only its SHA-256 is stored, so it cannot be shown again after
+a redirect. This is the one deliberate exception to redirect-after-post (the host token
+on the admin page is the other); resubmitting the form creates another token, never
+shows the old one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.api.deps import SessionDep, WriteSessionDep
+from app.errors import AppError, InvalidInput, NotFound
+from app.models import ApiToken, utcnow
+from app.services import users as user_service
+from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
+from app.web.render import page
+
+router = APIRouter(tags=["web"], include_in_schema=False)
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def profile_context(session: Session, *, viewer: Viewer, **extra: Any) -> dict[str, Any]:
+    """The viewer's groups and API tokens (newest first) for the profile template."""
+    tokens = list(session.scalars(select(ApiToken).where(ApiToken.user_id == viewer.user.id).order_by(ApiToken.id.desc())))
+    return {
+        "viewer": viewer, "active": "profile", "groups": user_service.group_names_of(session, viewer.user),
+        "tokens": tokens, "now": utcnow(), **extra,
+    }
+
+
+@router.get("/profile")
+def profile_page(
+    request: Request, viewer: PageViewer, session: SessionDep,
+    done: Annotated[str | None, Query(max_length=16)] = None,
+) -> Response:
+    """The account and its API tokens."""
+    notice = "Token revoked." if done == "revoked" else None
+    return page(request, "profile.html", profile_context(session, viewer=viewer, notice=notice))
+
+
+def _expires_days(value: str) -> int | None:
+    if not value:
+        return None
+    try:
+        days = int(value)
+    except ValueError:
+        raise InvalidInput(f"expires_days: {value!r} is not a whole number of days", field="expires_days") from None
+    if not 1 <= days <= 3650:
+        raise InvalidInput("expires_days: between 1 and 3650 days, or empty for no expiry", field="expires_days")
+    return days
+
+
+@router.post("/profile/tokens")
+def create_token(request: Request, viewer: FormViewer, session: WriteSessionDep, form: FormBody) -> Response:
+    """Create an API token for the viewer and show its secret once."""
+    name = form_str(form, "name") or "token"
+    try:
+        if len(name) > 128:
+            raise InvalidInput("name: at most 128 characters", field="name")
+        row, plain = user_service.create_api_token(
+            session, user=viewer.user, name=name, expires_days=_expires_days(form_str(form, "expires_days"))
+        )
+    except AppError as e:
+        session.rollback()
+        ctx = profile_context(session, viewer=viewer, error=e.detail, error_title=e.title, error_field=e.field)
+        return page(request, "profile.html", ctx, status=e.status)
+    ctx = profile_context(session, viewer=viewer, new_token=plain, new_token_name=row.name)
+    return page(request, "profile.html", ctx, status=201, headers=NO_STORE)
+
+
+@router.post("/profile/tokens/{token_id}/revoke")
+def revoke_token(token_id: int, viewer: FormViewer, session: WriteSessionDep) -> Response:
+    """Revoke one of the viewer's tokens (it stops working at once)."""
+    row = session.get(ApiToken, token_id)
+    if row is None or row.user_id != viewer.user.id:
+        raise NotFound(f"token: you have no token {token_id}", field="token")
+    user_service.revoke_api_token(session, user=viewer.user, token_id=token_id)
+    return RedirectResponse("/profile?done=revoked", status_code=303)

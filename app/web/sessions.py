@@ -1,0 +1,154 @@
+"""Browser sign-in: server-side sessions, CSRF tokens and sign-in throttling.
+
+A session is a random cookie value; the database keeps only its SHA-256
+(``web_sessions.token_hash``) with the user, a per-session CSRF token and the expiry, so
+any number of app processes share sessions. Failed sign-ins are recorded in
+``login_attempts``; more than ``settings.login_max_attempts`` failures for one
+username from one address within ``settings.login_window_seconds`` refuse further tries
+with 429 until the window has passed. The sign-in form itself is protected by a
+double-submit token: a random nonce in a short-lived cookie and its HMAC (keyed with
+``settings.secret_key``) in a hidden field.
+
+Like the services, these functions take the request's session, raise domain errors and
+never commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.errors import AppError, Unauthorized
+from app.models import LoginAttempt, User, WebSession
+from app.security import constant_time_equal, token_hash, verify_password
+
+SESSION_COOKIE = "gpuroster_session"
+LOGIN_COOKIE = "gpuroster_signin"
+CSRF_HEADER = "X-CSRF-Token"
+CSRF_FIELD = "csrf_token"
+
+
+class TooManyAttempts(AppError):
+    """429: too many failed sign-ins for this username from this address."""
+
+    status, title = 429, "Too many sign-in attempts"
+
+
+class SignInFailed(Unauthorized):
+    """401: the username or the password is wrong (never says which)."""
+
+    title = "Sign-in failed"
+
+
+class CsrfRefused(AppError):
+    """403: a form or htmx request came without the session's CSRF token."""
+
+    status, title = 403, "Form refused"
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    """A new browser session: the row, and the cookie value (known only to the browser)."""
+
+    web_session: WebSession
+    cookie_value: str
+    user: User
+
+
+def failed_attempts(session: Session, *, username: str, address: str | None, settings: Settings, now: datetime) -> tuple[int, datetime | None]:
+    """Failed sign-ins for ``username`` from ``address`` inside the window, and the oldest one's time."""
+    since = now - timedelta(seconds=settings.login_window_seconds)
+    q = select(func.count(), func.min(LoginAttempt.at)).where(LoginAttempt.username == username, LoginAttempt.at > since)
+    q = q.where(LoginAttempt.address == address) if address is not None else q.where(LoginAttempt.address.is_(None))
+    count, oldest = session.execute(q).one()
+    return int(count or 0), oldest
+
+
+def sign_in(
+    session: Session, *, username: str, password: str, address: str | None, settings: Settings, now: datetime
+) -> SignedIn:
+    """Check the password (argon2id) and open a session.
+
+    Raises :class:`TooManyAttempts` (429) when the throttle is reached, before the password
+    is even checked; :class:`SignInFailed` (401) for a wrong username or password or a
+    deactivated account, after recording the attempt (the caller must keep that write).
+    """
+    username = username.strip()[:64]
+    count, oldest = failed_attempts(session, username=username, address=address, settings=settings, now=now)
+    if count >= settings.login_max_attempts:
+        wait = settings.login_window_seconds
+        if oldest is not None:
+            wait = max(1, int((oldest + timedelta(seconds=settings.login_window_seconds) - now).total_seconds()) + 1)
+        raise TooManyAttempts(
+            f"too many failed sign-ins for {username!r} from this address; try again in {wait} s", field="username"
+        )
+    user = session.scalar(select(User).where(User.username == username)) if username else None
+    ok = verify_password(password, user.password_hash if user is not None and user.active else None)
+    if not ok or user is None:
+        session.add(LoginAttempt(username=username, address=address, at=now))
+        session.flush()
+        raise SignInFailed("wrong username or password", field="password")
+    window_start = now - timedelta(seconds=settings.login_window_seconds)
+    same = (LoginAttempt.address == address) if address is not None else LoginAttempt.address.is_(None)
+    session.execute(delete(LoginAttempt).where((LoginAttempt.at <= window_start) | ((LoginAttempt.username == username) & same)))
+    session.execute(delete(WebSession).where(WebSession.user_id == user.id, WebSession.expires_at <= now))
+    value = secrets.token_urlsafe(32)
+    ws = WebSession(
+        token_hash=token_hash(value),
+        user_id=user.id,
+        csrf_token=secrets.token_urlsafe(32),
+        created_at=now,
+        expires_at=now + timedelta(hours=settings.session_hours),
+    )
+    session.add(ws)
+    session.flush()
+    return SignedIn(web_session=ws, cookie_value=value, user=user)
+
+
+def session_for_cookie(session: Session, *, cookie_value: str | None, now: datetime) -> tuple[WebSession, User] | None:
+    """The live session and its active user for a cookie value, or ``None``."""
+    if not cookie_value or len(cookie_value) > 128:
+        return None
+    row = session.execute(
+        select(WebSession, User)
+        .join(User, User.id == WebSession.user_id)
+        .where(WebSession.token_hash == token_hash(cookie_value), WebSession.expires_at > now, User.active.is_(True))
+    ).first()
+    if row is None:
+        return None
+    return row[0], row[1]
+
+
+def sign_out(session: Session, *, cookie_value: str | None) -> None:
+    """End the session of ``cookie_value`` (no-op when there is none)."""
+    if cookie_value:
+        session.execute(delete(WebSession).where(WebSession.token_hash == token_hash(cookie_value)))
+
+
+def csrf_matches(expected: str, given: str | None) -> bool:
+    """Constant-time comparison of the session's CSRF token with the one a request sent."""
+    return bool(given) and constant_time_equal(expected, given or "")
+
+
+def new_signin_nonce() -> str:
+    """A random nonce for the sign-in form's double-submit cookie."""
+    return secrets.token_urlsafe(24)
+
+
+def signin_token(settings: Settings, nonce: str) -> str:
+    """The hidden-field token that goes with ``nonce`` (HMAC-SHA-256 keyed with the secret key)."""
+    return hmac.new(settings.secret_key.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def signin_token_ok(settings: Settings, nonce: str | None, given: str | None) -> bool:
+    """True when the sign-in form's hidden token belongs to the nonce in its cookie."""
+    if not nonce or not given:
+        return False
+    return constant_time_equal(signin_token(settings, nonce), given)

@@ -1,0 +1,278 @@
+"""The timeline (``/timeline``): devices as rows, time as columns, reservations as bars.
+
+A day (hourly columns) or 7 days (daily columns) in the lab's time zone. Free stretches
+are links to the booking form, prefilled with the device, the start and a length; a
+vertical line marks now. A whole-GPU reservation also blocks the GPU's MIG instances and
+a MIG reservation blocks its whole GPU, as the service decides (``find_conflicts``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Annotated, Literal
+from urllib.parse import urlencode
+from zoneinfo import ZoneInfo
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from app.api.deps import SessionDep, SettingsDep
+from app.errors import InvalidInput
+from app.models import Device, Host, Reservation, ReservationDevice, utcnow
+from app.web.deps import PageViewer
+from app.web.render import page
+
+router = APIRouter(tags=["web"], include_in_schema=False)
+
+View = Literal["day", "week"]
+MIN_FREE = timedelta(minutes=5)
+
+
+@dataclass
+class Column:
+    """A labelled column of the time axis (``left``/``width`` in % of the window)."""
+
+    left: float
+    width: float
+    label: str
+    start: datetime
+
+
+@dataclass
+class Bar:
+    """A reservation drawn on a device's row."""
+
+    left: float
+    width: float
+    label: str
+    title: str
+    href: str
+    mine: bool
+    released: bool
+
+
+@dataclass
+class FreeSlot:
+    """A free stretch of a device's row, linking to the prefilled booking form."""
+
+    left: float
+    width: float
+    href: str
+    title: str
+
+
+@dataclass
+class Row:
+    """One device's row."""
+
+    device: Device
+    label: str
+    model: str
+    bars: list[Bar] = field(default_factory=list)
+    free: list[FreeSlot] = field(default_factory=list)
+
+
+@dataclass
+class Timeline:
+    """Everything the timeline template draws."""
+
+    view: View
+    day: date
+    start: datetime
+    end: datetime
+    columns: list[Column]
+    hosts: list[tuple[str, list[Row]]]
+    now_left: float | None
+    prev_day: date
+    next_day: date
+    today: date
+
+
+def parse_day(value: str | None, *, tz: ZoneInfo, now: datetime) -> date:
+    """``YYYY-MM-DD`` (the lab's today when empty); raises InvalidInput naming ``day``."""
+    if not value:
+        return now.astimezone(tz).date()
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise InvalidInput(f"day: {value!r} is not a date (YYYY-MM-DD)", field="day") from None
+
+
+def window(day: date, view: View, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """``[start, end)`` in UTC: the lab-zone midnight of ``day`` and 1 or 7 days later."""
+    days = 1 if view == "day" else 7
+    start = datetime.combine(day, time(0), tzinfo=tz).astimezone(UTC)
+    end = datetime.combine(day + timedelta(days=days), time(0), tzinfo=tz).astimezone(UTC)
+    return start, end
+
+
+def _cells(day: date, view: View, tz: ZoneInfo, start: datetime, end: datetime) -> tuple[list[datetime], list[datetime]]:
+    """(column starts, booking-cell starts) in UTC. Day: hours; week: days, cells of 6 h."""
+    if view == "day":
+        hours = []
+        t = start
+        while t < end:
+            hours.append(t)
+            t += timedelta(hours=1)
+        return hours, hours
+    days = [datetime.combine(day + timedelta(days=i), time(0), tzinfo=tz).astimezone(UTC) for i in range(7)]
+    cells = [
+        datetime.combine(day + timedelta(days=i), time(h), tzinfo=tz).astimezone(UTC) for i in range(7) for h in (0, 6, 12, 18)
+    ]
+    return days, cells
+
+
+def _merge(intervals: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    out: list[tuple[datetime, datetime]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _round_up(t: datetime) -> datetime:
+    """``t`` rounded up to the next 5-minute mark (unchanged when already on one)."""
+    base = t.replace(second=0, microsecond=0)
+    if base < t:
+        base += timedelta(minutes=1)
+    rem = base.minute % 5
+    return base + timedelta(minutes=5 - rem) if rem else base
+
+
+def _free_slots(
+    *, host: str, device: Device, busy: list[tuple[datetime, datetime]], start: datetime, end: datetime, now: datetime,
+    cells: list[datetime], max_length: timedelta, tz: ZoneInfo, pct,
+) -> list[FreeSlot]:
+    lo = max(start, now)
+    if lo >= end:
+        return []
+    stretches: list[tuple[datetime, datetime]] = []
+    t = lo
+    for s, e in _merge([(max(s, lo), min(e, end)) for s, e in busy if e > lo and s < end]):
+        if s > t:
+            stretches.append((t, s))
+        t = max(t, e)
+    if t < end:
+        stretches.append((t, end))
+    bounds = sorted(set(cells[1:] + [end]))
+    slots: list[FreeSlot] = []
+    for s, e in stretches:
+        piece = s
+        while piece < e:
+            cut = next((b for b in bounds if b > piece), end)
+            piece_end = min(cut, e)
+            begin = _round_up(piece)
+            if piece_end - begin >= MIN_FREE:
+                length = min(e - begin, max_length)
+                hours = max(0.25, int(length.total_seconds() / 900) / 4)
+                local = begin.astimezone(tz)
+                query = urlencode({
+                    "host": host, "devices": device.uuid, "when": "at",
+                    "start": local.strftime("%Y-%m-%dT%H:%M"), "length": f"{hours:g}",
+                })
+                slots.append(FreeSlot(
+                    left=pct(piece), width=pct(piece_end) - pct(piece), href=f"/book?{query}",
+                    title=f"Book GPU {device.index if device.index is not None else '?'} from {local.strftime('%a %d %b %H:%M')}",
+                ))
+            piece = piece_end
+    return slots
+
+
+def timeline_view(
+    session: Session, *, day: date, view: View, tz: ZoneInfo, now: datetime, viewer_id: int
+) -> Timeline:
+    """The timeline of all non-retired devices for the window of ``day`` and ``view``."""
+    start, end = window(day, view, tz)
+    span = (end - start).total_seconds()
+
+    def pct(t: datetime) -> float:
+        return max(0.0, min(100.0, (t - start).total_seconds() * 100.0 / span))
+
+    devices = list(session.scalars(select(Device).where(Device.retired_at.is_(None)).options(selectinload(Device.host))))
+    by_id = {d.id: d for d in devices}
+    rows_q = (
+        select(ReservationDevice.device_id, ReservationDevice.physical_id, ReservationDevice.slice_kind, Reservation)
+        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
+        .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start)
+        .options(selectinload(Reservation.user))
+    )
+    children: dict[int, list[int]] = defaultdict(list)
+    for d in devices:
+        if d.parent_id is not None:
+            children[d.parent_id].append(d.id)
+    held: dict[int, list[tuple[Reservation, str]]] = defaultdict(list)
+    for dev_id, phys_id, kind, r in session.execute(rows_q).all():
+        held[dev_id].append((r, ""))
+        if kind == 0:  # a whole GPU holds its MIG instances
+            for child in children.get(dev_id, []):
+                held[child].append((r, " (whole GPU)"))
+        elif phys_id in by_id:  # a MIG instance blocks its whole GPU
+            held[phys_id].append((r, " (MIG)"))
+
+    col_starts, cells = _cells(day, view, tz, start, end)
+    fmt = "%H" if view == "day" else "%a %d"
+    columns = [
+        Column(left=pct(c), width=pct(col_starts[i + 1] if i + 1 < len(col_starts) else end) - pct(c),
+               label=c.astimezone(tz).strftime(fmt), start=c)
+        for i, c in enumerate(col_starts)
+    ]
+    max_length = timedelta(hours=1) if view == "day" else timedelta(hours=6)
+
+    def sort_key(d: Device):
+        parent = by_id.get(d.parent_id) if d.parent_id else None
+        idx = (parent or d).index
+        return (d.host.name, idx if idx is not None else 1 << 30, d.parent_id is not None, d.gpu_instance_id or 0, d.uuid)
+
+    hosts: dict[str, list[Row]] = {}
+    for d in sorted(devices, key=sort_key):
+        parent = by_id.get(d.parent_id) if d.parent_id else None
+        if parent is not None:
+            label = f"GPU {parent.index} · MIG {d.mig_profile or d.gpu_instance_id}"
+        else:
+            label = f"GPU {d.index if d.index is not None else '?'}"
+        row = Row(device=d, label=label, model=d.name or "unknown model")
+        seen: set[int] = set()
+        for r, suffix in sorted(held.get(d.id, []), key=lambda x: x[0].start_at):
+            if r.id in seen:
+                continue
+            seen.add(r.id)
+            s, e = max(r.start_at, start), min(r.end_at, end)
+            local_s, local_e = r.start_at.astimezone(tz), r.end_at.astimezone(tz)
+            text = r.user.username + suffix + (f" · {r.note}" if r.note else "")
+            row.bars.append(Bar(
+                left=pct(s), width=max(pct(e) - pct(s), 0.3), label=text,
+                title=f"#{r.id} {text}: {local_s:%a %d %b %H:%M} – {local_e:%a %d %b %H:%M} ({r.status})",
+                href=f"/me/reservations/{r.id}", mine=r.user_id == viewer_id, released=r.status == "released",
+            ))
+        busy = [(r.start_at, r.end_at) for r, _ in held.get(d.id, [])]
+        row.free = _free_slots(host=d.host.name, device=d, busy=busy, start=start, end=end, now=now, cells=cells,
+                               max_length=max_length, tz=tz, pct=pct)
+        hosts.setdefault(d.host.name, []).append(row)
+
+    host_names = sorted(set(session.scalars(select(Host.name))) | set(hosts))
+    step = timedelta(days=1 if view == "day" else 7)
+    return Timeline(
+        view=view, day=day, start=start, end=end, columns=columns,
+        hosts=[(name, hosts.get(name, [])) for name in host_names],
+        now_left=pct(now) if start <= now < end else None,
+        prev_day=day - step, next_day=day + step, today=now.astimezone(tz).date(),
+    )
+
+
+@router.get("/timeline")
+def timeline_page(
+    request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep,
+    view: Annotated[View, Query()] = "day",
+    day: Annotated[str | None, Query(max_length=10)] = None,
+) -> Response:
+    """Reservations of every device for a day or a week; htmx navigation swaps the ``timeline`` block."""
+    now = utcnow()
+    tl = timeline_view(session, day=parse_day(day, tz=settings.tz, now=now), view=view, tz=settings.tz, now=now,
+                       viewer_id=viewer.user.id)
+    return page(request, "timeline.html", {"viewer": viewer, "active": "timeline", "tl": tl, "now": now}, block="timeline")

@@ -1,0 +1,60 @@
+// gpuroster: small progressive enhancements. Every page works without this file.
+(function () {
+  "use strict";
+
+  // Copy buttons: <button data-copy="ID"> copies the text of element ID.
+  function copyText(text, done) {
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, function () { fallback(text, done); });
+    } else {
+      fallback(text, done);
+    }
+  }
+  function fallback(text, done) {
+    var area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.style.position = "absolute";
+    area.style.left = "-9999px";
+    document.body.appendChild(area);
+    area.select();
+    try { document.execCommand("copy"); done(); } catch (e) { /* the text stays selectable */ }
+    document.body.removeChild(area);
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-copy]");
+    if (!button) return;
+    var source = document.getElementById(button.getAttribute("data-copy"));
+    if (!source) return;
+    copyText(source.textContent.trim(), function () {
+      var label = button.textContent;
+      button.textContent = "Copied";
+      setTimeout(function () { button.textContent = label; }, 1500);
+    });
+  });
+
+  // Book form: show only the inputs of the chosen mode (devices or "any N devices").
+  function syncMode(form) {
+    var chosen = form.querySelector('input[name="mode"]:checked');
+    if (!chosen) return;
+    form.querySelectorAll("[data-mode]").forEach(function (el) {
+      el.hidden = el.getAttribute("data-mode") !== chosen.value;
+    });
+  }
+  function syncWhen(form) {
+    var chosen = form.querySelector('input[name="when"]:checked');
+    var start = form.querySelector('input[name="start"]');
+    if (chosen && start) start.disabled = chosen.value === "now";
+  }
+  function wire(root) {
+    root.querySelectorAll("form[data-book]").forEach(function (form) {
+      syncMode(form);
+      syncWhen(form);
+      if (form.dataset.wired) return;
+      form.dataset.wired = "1";
+      form.addEventListener("change", function () { syncMode(form); syncWhen(form); });
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { wire(document); });
+  document.addEventListener("htmx:afterSettle", function () { wire(document); });
+})();
