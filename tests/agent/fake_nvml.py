@@ -151,6 +151,9 @@ class FakeNVML:
             raise self.init_error
         self.initialized = True
 
+    def nvmlInitWithFlags(self, flags: int = 0) -> None:  # noqa: N802
+        self.nvmlInit()
+
     def nvmlShutdown(self) -> None:  # noqa: N802
         self.initialized = False
 
@@ -345,22 +348,27 @@ class FakeNVML:
 
 
 @contextlib.contextmanager
-def patched_pynvml(fake: FakeNVML) -> Iterator[FakeNVML]:
-    """Install ``fake``'s functions over the real ``pynvml`` module (for gpustat / nvitop)."""
+def patched_pynvml(fake: FakeNVML, *also: Any) -> Iterator[FakeNVML]:
+    """Install ``fake``'s functions over the real ``pynvml`` module (for gpustat / nvitop).
+
+    ``also``: modules that keep their own copies of pynvml functions (``nvitop.api.libnvml``);
+    their copies are replaced too, except their own init/shutdown wrappers.
+    """
     names = [n for n in dir(FakeNVML) if n.startswith("nvml")]
-    saved = {n: getattr(_real, n, None) for n in names}
-    saved_lib = getattr(_real, "nvmlLib", None)
+    targets = [(_real, names)] + [(m, [n for n in names if n not in ("nvmlInit", "nvmlInitWithFlags", "nvmlShutdown")]) for m in also]
+    _missing = object()
+    saved = [(mod, n, getattr(mod, n, _missing)) for mod, ns in targets for n in ns]
     try:
-        for n in names:
-            setattr(_real, n, getattr(fake, n))
+        for mod, ns in targets:
+            for n in ns:
+                setattr(mod, n, getattr(fake, n))
         yield fake
     finally:
-        for n, v in saved.items():
-            if v is None:
-                delattr(_real, n)
+        for mod, n, v in saved:
+            if v is _missing:
+                delattr(mod, n)
             else:
-                setattr(_real, n, v)
-        _real.nvmlLib = saved_lib
+                setattr(mod, n, v)
 
 
 # -- owners ------------------------------------------------------------------------------------
