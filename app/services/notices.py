@@ -16,8 +16,8 @@ When and to whom
 Delivery: after the commit, in the background (a transactional outbox)
     :func:`queue_notices` runs inside the ingest transaction and only writes rows: e-mail and
     webhook rows start ``pending``. After that transaction commits, a background worker
-    thread claims them (``pending -> sending``, an atomic conditional UPDATE, so two app
-    replicas never send the same row), sends with short timeouts (SMTP 10 s, webhook 5 s) and
+    thread claims them (``pending -> sending`` with ``sent_at`` set to the claim time, an
+    atomic conditional UPDATE, so two app replicas never send the same row), sends with short timeouts (SMTP 10 s, webhook 5 s) and
     records ``sent`` or ``failed`` with the error in ``detail``. Sending therefore never delays
     nor fails ingest, and a rolled-back ingest sends nothing. Rows left ``pending`` (process
     died before the commit hook ran) or ``sending`` for over 10 minutes (died mid-send) are
@@ -90,7 +90,7 @@ def queue_notices(
     last = dict(
         session.execute(
             select(Notice.finding_id, func.max(Notice.sent_at))
-            .where(Notice.finding_id.in_(ids), Notice.channel.in_(SERVICE_CHANNELS))
+            .where(Notice.finding_id.in_(ids), Notice.channel == "web")  # one web row per round
             .group_by(Notice.finding_id)
         ).all()
     )
@@ -228,7 +228,7 @@ def _claim(session: Session, ids: list[int] | None, now: datetime, settings: Set
     out: list[Outgoing] = []
     for n in candidates + stuck:
         claimed = session.execute(
-            update(Notice).where(Notice.id == n.id, Notice.status == n.status).values(status="sending")
+            update(Notice).where(Notice.id == n.id, Notice.status == n.status).values(status="sending", sent_at=now)
             .execution_options(synchronize_session=False)
         ).rowcount
         if claimed != 1:
