@@ -286,11 +286,11 @@ def _book(
         r = Reservation(user_id=owner.id, host_id=host.id, start_at=start, end_at=end, status="confirmed", note=data.note,
                         created_by_id=actor.id, override_reason=data.override_reason, series_id=series.id,
                         recurrence_start=start, sequence=0, created_at=now, updated_at=now)
-        session.add(r)
         r.items = []
         r.shares = reservation_service._resolve_shares(session, shares)
-        reservation_service._insert_items(session, r, devices)
-        reservation_service._flush_guarded(session, devices=devices, start=start, end=end, exclude_id=None)
+        reservation_service._insert_items(session, r, sorted(devices, key=lambda d: d.id))
+        reservation_service._write_guarded(session, lambda r=r: session.add(r), devices=devices, start=start, end=end,
+                                           exclude_id=None)
         rows.append(_Row(r.id, start, end, reservation_service.reservation_state(r, now), 0))
     if conflicts:
         listed = "; ".join(
