@@ -158,3 +158,12 @@ def test_agent_imports_nothing_from_app():
     for path in (REPO / "agent").glob("*.py"):
         text = path.read_text()
         assert "from app" not in text and "import app" not in text, path.name
+
+
+def test_example_config_and_systemd_unit_agree_with_the_settings():
+    s = load_settings({}, REPO / "deploy" / "agent.toml.example")
+    assert s.server == "https://gpuroster.lab.example" and s.token_file == Path("/etc/gpuroster/host.token")
+    assert s.expect_gpus is True and s.interval == 5
+    unit = (REPO / "deploy" / "gpuroster-agent.service").read_text()
+    assert "ExecStart=/opt/gpuroster/.venv/bin/gpuroster-agent --config /etc/gpuroster/agent.toml" in unit
+    assert "StateDirectory=gpuroster-agent" in unit and str(s.state_dir) == "/var/lib/gpuroster-agent"

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# End-to-end check on a machine with an NVIDIA GPU (real NVML, real CUDA context).
+#
+#   bench/gpu_check.sh [OUT_DIR]        (default OUT_DIR: $OUT, else test-artifacts/gpu-check)
+#
+# 1. starts the service (`gpuroster serve`) on a temporary SQLite data dir;
+# 2. registers this host (`gpuroster admin add-host`) and an admin (`gpuroster admin create-user`,
+#    `gpuroster admin create-token`) to read the API;
+# 3. starts a CUDA process (python + ctypes: cuInit, cuCtxCreate, cuMemAlloc on GPU 0 through
+#    libcuda.so.1, no torch) as a user without any reservation: a throw-away account
+#    `gpuroster-check` when run as root, else the current user;
+# 4. runs the agent against real NVML: `--print` (the admin's nvidia-smi-like view) and `--once`
+#    (posts one snapshot to the service);
+# 5. saves the agent's snapshot, the service's GET /api/v1/devices and a summary to OUT_DIR.
+#
+# Exit status: 0 when the agent saw the CUDA process on a GPU and the service lists the GPUs.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT_DIR=${1:-${OUT:-$ROOT/test-artifacts/gpu-check}}
+BIN=${VENV_BIN:-$ROOT/.venv/bin}
+PORT=${PORT:-18765}
+URL="http://127.0.0.1:$PORT"
+WORK=$(mktemp -d /tmp/gpuroster-gpu-check.XXXXXX)
+chmod 755 "$WORK"
+mkdir -p "$OUT_DIR"
+PIDS=()
+
+cleanup() {
+    for pid in "${PIDS[@]:-}"; do
+        [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+log() { printf '[gpu_check] %s\n' "$*" | tee -a "$OUT_DIR/summary.txt" >&2; }
+: > "$OUT_DIR/summary.txt"
+
+export GPUROSTER_DATA_DIR="$WORK/data"
+export GPUROSTER_ENVIRONMENT=development
+mkdir -p "$GPUROSTER_DATA_DIR"
+
+log "host $(hostname), driver: $(cat /proc/driver/nvidia/version 2>/dev/null | head -1 || echo 'no /proc/driver/nvidia')"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi -q -x > "$OUT_DIR/nvidia-smi-q-x.xml" 2>&1 || log "nvidia-smi -q -x failed (rc $?)"
+    nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
+fi
+
+# -- 1. the service -------------------------------------------------------------------------
+"$BIN/gpuroster" serve --host 127.0.0.1 --port "$PORT" > "$OUT_DIR/service.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 60); do
+    curl -fsS "$URL/healthz" >/dev/null 2>&1 && break
+    sleep 0.5
+done
+curl -fsS "$URL/healthz" >/dev/null || { log "service did not start; see service.log"; exit 1; }
+log "service up at $URL"
+
+# -- 2. host and admin ----------------------------------------------------------------------
+HOST=$(hostname)
+"$BIN/gpuroster" admin add-host "$HOST" > "$WORK/host.token"
+chmod 600 "$WORK/host.token"
+printf 'gpu-check-%s\n' "$RANDOM$RANDOM" | "$BIN/gpuroster" admin create-user checker --admin --password-stdin >/dev/null
+ADMIN_TOKEN=$("$BIN/gpuroster" admin create-token checker --name gpu-check | tail -1)
+
+# -- 3. a CUDA process of a user without a reservation ---------------------------------------
+cat > "$WORK/cuda_hold.py" <<'PY'
+"""Hold a CUDA context and 256 MiB on GPU 0 for a while (ctypes over libcuda.so.1)."""
+import ctypes, sys, time
+
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(rc, what):
+    if rc != 0:
+        sys.exit(f"{what} failed with CUDA error {rc}")
+check(cuda.cuInit(0), "cuInit")
+dev = ctypes.c_int()
+check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+ctx = ctypes.c_void_p()
+check(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate_v2")
+ptr = ctypes.c_uint64()
+check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), 256 << 20), "cuMemAlloc_v2")
+print("holding GPU 0", flush=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 120)
+PY
+chmod 644 "$WORK/cuda_hold.py"
+PYTHON_FOR_CUDA=$(command -v python3 || echo "$BIN/python")
+if [ "$(id -u)" = 0 ]; then
+    CUDA_USER=gpuroster-check
+    id "$CUDA_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$CUDA_USER" 2>/dev/null \
+        || useradd -r -M -s /bin/false "$CUDA_USER"
+    # a system account has uid < 1000: the service will call it exempt; that is still an
+    # unreserved process the agent must see and attribute.
+    runuser -u "$CUDA_USER" -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 120 > "$OUT_DIR/cuda.log" 2>&1 &
+else
+    CUDA_USER=$(id -un)
+    "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 120 > "$OUT_DIR/cuda.log" 2>&1 &
+fi
+CUDA_PID=$!
+PIDS+=("$CUDA_PID")
+for _ in $(seq 1 60); do
+    grep -q "holding GPU 0" "$OUT_DIR/cuda.log" 2>/dev/null && break
+    kill -0 "$CUDA_PID" 2>/dev/null || break
+    sleep 0.5
+done
+grep -q "holding GPU 0" "$OUT_DIR/cuda.log" || { log "CUDA process failed: $(tail -3 "$OUT_DIR/cuda.log")"; exit 1; }
+# runuser forks: the CUDA process is its child
+REAL_CUDA_PID=$(pgrep -P "$CUDA_PID" -f cuda_hold.py || echo "$CUDA_PID")
+log "CUDA process pid $REAL_CUDA_PID as $CUDA_USER (no reservation)"
+sleep 2  # let NVML list it
+
+# -- 4. the agent on real NVML --------------------------------------------------------------
+printf '' > "$WORK/none.toml"  # an empty config: nothing from /etc/gpuroster leaks into the check
+set +e
+"$BIN/gpuroster-agent" --print --expect-gpus --config "$WORK/none.toml" > "$OUT_DIR/agent-print.json" 2> "$OUT_DIR/agent-print.log"
+PRINT_RC=$?
+"$BIN/gpuroster-agent" --once --expect-gpus --config "$WORK/none.toml" --server "$URL" --token-file "$WORK/host.token" \
+    --host "$HOST" --state-dir "$WORK/agent-state" > "$OUT_DIR/agent-once.txt" 2>&1
+ONCE_RC=$?
+# a short daemon run: three polls at 1 s, then SIGTERM
+timeout -s TERM 4 "$BIN/gpuroster-agent" --expect-gpus --config "$WORK/none.toml" --server "$URL" \
+    --token-file "$WORK/host.token" --host "$HOST" --state-dir "$WORK/agent-state" --interval 1 > "$OUT_DIR/agent-daemon.log" 2>&1
+set -e
+log "agent --print rc=$PRINT_RC, --once rc=$ONCE_RC ($(head -1 "$OUT_DIR/agent-once.txt"))"
+
+# -- 5. what the service knows ---------------------------------------------------------------
+curl -sS -H "Authorization: Bearer $ADMIN_TOKEN" "$URL/api/v1/devices" > "$OUT_DIR/devices.json" || true
+curl -sS "$URL/metrics" > "$OUT_DIR/metrics.txt" 2>/dev/null || true
+
+"$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" <<'PY' | tee -a "$OUT_DIR/summary.txt"
+import json, sys
+out, pid, user = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+snap = json.load(open(f"{out}/agent-print.json"))
+print(f"monitoring: {snap['monitoring']}; stale={snap['stale']} suspect={snap['suspect']} "
+      f"driver={snap['driver_version']} nvml={snap['nvml_version']} cuda={snap['cuda_version']} binding={snap['binding_version']}")
+for d in snap["devices"]:
+    print(f"device {d['index']} {d['uuid']} {d['name']} bus={d['pci_bus_id']} mem={d['memory_used_mib']}/{d['memory_total_mib']} MiB "
+          f"util={d['utilization_gpu']}% temp={d['temperature_c']}C power={d['power_draw_w']}/{d['power_limit_w']} W "
+          f"health={d['health']} procs={d['processes_status']}")
+mine = [p for p in snap["processes"] if p["pid"] == pid]
+for p in snap["processes"]:
+    print(f"process {p['pid']} {p['type']} on {p['device_uuid']}: user={p['unix_user']} uid={p['uid']} "
+          f"status={p['owner_status']} mem={p['used_memory_mib']} MiB cmd={(p['command'] or '')[:80]}")
+try:
+    devices = json.load(open(f"{out}/devices.json"))
+    listed = len(devices) if isinstance(devices, list) else devices
+except ValueError:
+    listed = "unreadable"
+print(f"service lists devices: {listed}")
+ok = bool(mine) and mine[0]["unix_user"] == user and isinstance(listed, int) and listed >= 1
+print("RESULT:", "PASS" if ok else "FAIL", f"(CUDA pid {pid} seen: {bool(mine)}, attributed to {mine[0]['unix_user'] if mine else None})")
+sys.exit(0 if ok else 1)
+PY
