@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    # httpx logs every request at INFO: one line per poll is a log flood on a quiet host
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         source, ns_ok, resolver = build_source(settings)
     except (OSError, ValueError) as exc:
