@@ -5,6 +5,7 @@ and, for lab members, the booking client (``login``, ``reserve``, ``status``, â€
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -58,6 +59,24 @@ def serve(
         "app.main:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
         proxy_headers=True, forwarded_allow_ips="127.0.0.1", timeout_keep_alive=65,
     )
+
+
+DEMO_SOURCES = ("auto", "nvml", "replay")
+
+
+@cli.command()
+def demo(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port of the service (on 127.0.0.1)")] = 8000,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="SQLite database, host tokens, agent state and logs (default: GPUROSTER_DATA_DIR or ./data)")] = None,
+    source: Annotated[str, typer.Option(help="auto: NVML if this machine has NVIDIA GPUs, else replay the bundled captures; or nvml, replay")] = "auto",
+) -> None:
+    """Run the service on SQLite with agents attached (NVML, or the bundled captures replayed) and
+    print the URL and, on first start, the admin's password. Ctrl-C stops everything."""
+    from app.demo import run_demo
+
+    if source not in DEMO_SOURCES:
+        raise typer.BadParameter(f"must be one of {', '.join(DEMO_SOURCES)}", param_hint="--source")
+    raise typer.Exit(run_demo(port=port, data_dir=data_dir or get_settings().data_dir, source=source))
 
 
 def _read_password(password_stdin: bool) -> str:
@@ -141,8 +160,10 @@ def _redact(url: str) -> str:
 
 
 def _install_client_commands() -> None:
+    import importlib
+
     try:
-        from app.client import commands
+        commands = importlib.import_module("app.client.commands")
     except ModuleNotFoundError as e:
         if e.name in ("app.client", "app.client.commands"):
             return

@@ -1,0 +1,650 @@
+"""``gpuroster demo``: the whole system on one machine, the quick start's main job.
+
+What it does, in order:
+
+1. applies the migrations to the embedded SQLite database in ``--data-dir``;
+2. on first start creates the admin ``admin`` with a random password and an API token,
+   both printed once (stored hashed); later starts say the admin exists;
+3. chooses the agent source: real NVML when ``pynvml.nvmlInit()`` succeeds and the device
+   count is above 0, else the real ``nvidia-smi -q -x`` captures bundled in
+   ``agent/captures/``, each replayed as a host of its own (``replay-<capture>``, the agent
+   reports ``source="replay"``); in replay mode it also creates the demo users of
+   :data:`DEMO_USERS`, whose Unix names the owners map (:data:`DEMO_OWNERS`) gives to the
+   captures' real pids;
+4. registers one host per agent (host token in ``<data>/agents/<host>/token``, mode 600;
+   policy ``observe`` so nobody is ever notified or signalled by a demo, grace
+   :data:`DEMO_GRACE_SECONDS`) and starts ``gpuroster serve`` and one ``gpuroster-agent``
+   per host as child processes, logging to ``<data>/logs/``;
+5. once every replayed host has reported, books the reservations that make every state of
+   the Now page visible (see :func:`plan_reservations`): devices in use by their holder,
+   reserved but idle, free (one with an upcoming reservation), and one process running
+   without a reservation, which becomes a finding after the grace period;
+6. prints the URL to open and waits. Ctrl-C (SIGINT) or SIGTERM stops the agents, then the
+   service, and waits for each; a child that dies takes the demo down with an error.
+
+Children run in sessions of their own (the terminal's Ctrl-C reaches only the demo, which
+stops them in order) and, on Linux, get SIGTERM if the demo itself is killed
+(``PR_SET_PDEATHSIG``), so no process outlives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import Settings
+from app.errors import AppError
+from app.models import Device, DeviceProcess, Host, Reservation, ReservationDevice, User, utcnow
+from app.security import token_hash
+
+ADMIN = "admin"
+DEMO_GRACE_SECONDS = 10  # a process without a reservation becomes a finding this fast
+DEMO_POLICY = "observe"  # record findings; never notify or signal anybody from a demo
+REPLAY_INTERVAL_S = 3.0  # seconds between replayed polls
+NVML_INTERVAL_S = 5.0
+RESERVATION_HOURS = 8
+DEMO_NOTE = "gpuroster demo"
+
+# Demo users: (username, uid, display name). Unix names equal the usernames.
+DEMO_USERS: tuple[tuple[str, int, str], ...] = (
+    ("alice", 2001, "Alice (demo)"),
+    ("bob", 2002, "Bob (demo)"),
+    ("carol", 2003, "Carol (demo)"),
+    ("dave", 2004, "Dave (demo)"),
+)
+# The bundled captures' real pids -> the demo user said to run them (see agent/captures/SOURCES.md):
+#   pai__nvidia_smi_out_of_order.xml: 58813 python on GPU 0, 58642 python on GPU 1 (4x Tesla K80)
+#   telegraf__dual_a5000-v13.xml:     100477 llama-server on both RTX A5000
+#   telegraf__a100-sxm4-v12.xml:      no processes (A100 in MIG mode, 4 instances)
+DEMO_OWNERS: dict[int, str] = {58813: "alice", 58642: "bob", 100477: "carol"}
+UNRESERVED_USER = "bob"  # runs without a reservation: the finding
+IDLE_USER = "dave"  # holds a device and runs nothing: reserved-idle
+UPCOMING_USER = "carol"  # an upcoming reservation on a free device
+
+_HOST_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def bundled_captures() -> list[Path]:
+    """The ``nvidia-smi -q -x`` captures shipped with the agent package, sorted by name."""
+    folder = resources.files("agent") / "captures"
+    return sorted((Path(str(p)) for p in folder.iterdir() if p.name.endswith(".xml")), key=lambda p: p.name)
+
+
+def replay_host_name(capture: Path) -> str:
+    """``replay-<capture stem>`` with ``__``/``_`` as ``-``: a valid, recognisable host name."""
+    stem = capture.name.removesuffix(".xml").replace("__", "-").replace("_", "-")
+    return ("replay-" + _HOST_CHARS.sub("-", stem).strip("-").lower())[:128]
+
+
+def owners_map() -> dict[str, dict[str, object]]:
+    """The replay owners map (the agent's ``--replay-owners`` JSON) for :data:`DEMO_OWNERS`."""
+    uids = {name: uid for name, uid, _ in DEMO_USERS}
+    doc: dict[str, dict[str, object]] = {}
+    for pid, user in sorted(DEMO_OWNERS.items()):
+        doc[str(pid)] = {"user": user, "uid": uids[user]}
+    return doc
+
+
+def nvml_device_count() -> tuple[int, str]:
+    """(number of NVIDIA GPUs NVML sees, a short reason); 0 when NVML is missing or fails."""
+    try:
+        import pynvml
+    except ImportError as e:
+        return 0, f"pynvml not importable ({e})"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPUs to show"
+        return 0, f"NVML unavailable ({e.__class__.__name__}: {e})"
+    try:
+        n = int(pynvml.nvmlDeviceGetCount())
+        return n, f"NVML sees {n} GPU(s)"
+    except Exception as e:  # noqa: BLE001
+        return 0, f"NVML device count failed ({e})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def local_host_name() -> str:
+    """This machine's name as a valid host name."""
+    name = _HOST_CHARS.sub("-", socket.gethostname()).strip("-.") or "localhost"
+    return name[:128]
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------- seeding (services: take the session, never commit)
+
+
+@dataclass
+class AdminResult:
+    created: bool
+    password: str | None = None
+    token: str | None = None
+
+
+def ensure_admin(session: Session, *, username: str = ADMIN) -> AdminResult:
+    """Create the admin with a random password and an API token unless it exists.
+
+    The secrets are returned once for printing; only their hashes are stored.
+    """
+    from app.services import users as user_service
+
+    if session.scalar(select(User.id).where(User.username == username)) is not None:
+        return AdminResult(created=False)
+    password = secrets.token_urlsafe(12)
+    user = user_service.create_user(session, username=username, password=password, admin=True,
+                                    display_name="Administrator", actor="demo")
+    _, token = user_service.create_api_token(session, user=user, name="demo")
+    return AdminResult(created=True, password=password, token=token)
+
+
+def ensure_demo_users(session: Session) -> list[str]:
+    """Create the members of :data:`DEMO_USERS` that do not exist (token-only accounts);
+    returns the usernames created."""
+    from app.services import users as user_service
+
+    created = []
+    for name, _uid, display in DEMO_USERS:
+        if session.scalar(select(User.id).where(User.username == name)) is None:
+            user_service.create_user(session, username=name, unix_name=name, display_name=display, actor="demo")
+            created.append(name)
+    return created
+
+
+def ensure_host(session: Session, *, name: str, token_file: Path) -> bool:
+    """Register host ``name`` (policy :data:`DEMO_POLICY`, grace :data:`DEMO_GRACE_SECONDS`)
+    unless it exists, and make ``token_file`` hold a valid host token for it (a new one
+    when the file is missing or belongs to an earlier database). Returns True if created.
+    """
+    from app.services import hosts as host_service
+
+    host = session.scalar(select(Host).where(Host.name == name))
+    created = host is None
+    if host is None:
+        host, token = host_service.create_host(session, name=name, actor="demo")
+        host.policy = DEMO_POLICY
+        host.grace_seconds = DEMO_GRACE_SECONDS
+    else:
+        try:
+            current = token_file.read_text().strip()
+        except OSError:
+            current = ""
+        if current and token_hash(current) == host.token_hash:
+            return False
+        token = host_service.rotate_host_token(session, host=host, actor="demo")
+    write_secret(token_file, token)
+    return created
+
+
+def write_secret(path: Path, value: str) -> None:
+    """Write ``value`` to ``path`` readable by its owner only (mode 600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    os.chmod(path, 0o600)
+
+
+@dataclass(frozen=True)
+class PlannedReservation:
+    """One reservation the demo wants: ``user`` on ``uuids`` of ``host``, ``[start, end)``."""
+
+    user: str
+    host: str
+    uuids: tuple[str, ...]
+    start: datetime
+    end: datetime
+    purpose: str
+
+
+def plan_reservations(session: Session, *, hosts: Sequence[str], now: datetime) -> list[PlannedReservation]:
+    """What to book on the replayed ``hosts`` so that the Now page shows every state.
+
+    From each host's latest processes: every device on which a demo user other than
+    :data:`UNRESERVED_USER` runs is reserved for that user (in use by the holder); the
+    unreserved user's process is left without one (the finding). Of the devices without
+    processes (MIG instances rather than their parent GPU), the first is reserved for
+    :data:`IDLE_USER` (reserved-idle) when at least two are idle, the last gets an upcoming
+    reservation for :data:`UPCOMING_USER` when at least three are, and the rest stay free.
+    """
+    demo_users = {name for name, _, _ in DEMO_USERS}
+    end = now + timedelta(hours=RESERVATION_HOURS)
+    plan: list[PlannedReservation] = []
+    for host_name in hosts:
+        host = session.scalar(select(Host).where(Host.name == host_name))
+        if host is None:
+            continue
+        devices = list(session.scalars(
+            select(Device).where(Device.host_id == host.id, Device.retired_at.is_(None)).order_by(Device.id)
+        ))
+        users_on: dict[int, set[str]] = defaultdict(set)
+        for dev_id, unix in session.execute(
+            select(DeviceProcess.device_id, DeviceProcess.unix_user).where(DeviceProcess.host_id == host.id)
+        ):
+            users_on[dev_id].add(unix or "")
+        has_children = {d.parent_id for d in devices if d.parent_id is not None}
+        by_user: dict[str, list[str]] = defaultdict(list)
+        busy: set[int] = set()
+        for d in devices:
+            users = users_on.get(d.id, set())
+            if users:
+                busy.add(d.id)
+                if d.parent_id is not None:
+                    busy.add(d.parent_id)
+            owners = sorted(u for u in users if u in demo_users and u != UNRESERVED_USER)
+            if len(owners) == 1 and not (users - {owners[0]}):
+                by_user[owners[0]].append(d.uuid)
+        for user, uuids in sorted(by_user.items()):
+            plan.append(PlannedReservation(user, host_name, tuple(uuids), now, end, "in use by the holder"))
+        idle = [d for d in sorted(devices, key=_device_order)
+                if d.id not in busy and d.id not in has_children]
+        if len(idle) >= 2:
+            plan.append(PlannedReservation(IDLE_USER, host_name, (idle[0].uuid,), now, end, "reserved, idle"))
+        if len(idle) >= 3:
+            start = now + timedelta(hours=2)
+            plan.append(PlannedReservation(UPCOMING_USER, host_name, (idle[-1].uuid,), start,
+                                           start + timedelta(hours=2), "free now, booked later"))
+    return plan
+
+
+def _device_order(d: Device) -> tuple[int, int, str]:
+    return (d.index if d.index is not None else 1 << 30, d.gpu_instance_id or 0, d.uuid)
+
+
+def ensure_reservations(
+    session: Session, *, plan: Iterable[PlannedReservation], settings: Settings, now: datetime
+) -> list[tuple[PlannedReservation, str]]:
+    """Book each planned reservation that is not already there; returns (plan, outcome) pairs.
+
+    "Already there": a confirmed reservation of the same user on the first of its devices
+    that covers the planned start (for one starting now) or starts later (for an upcoming
+    one). A refusal (someone else booked the device meanwhile) is reported, not raised.
+    """
+    from app.schemas.reservation import ReservationCreate
+    from app.services import reservations as reservation_service
+
+    admin = session.scalar(select(User).where(User.username == ADMIN))
+    if admin is None:
+        raise RuntimeError("the demo admin does not exist; ensure_admin first")
+    out: list[tuple[PlannedReservation, str]] = []
+    for p in plan:
+        q = (
+            select(Reservation.id)
+            .join(ReservationDevice, ReservationDevice.reservation_id == Reservation.id)
+            .join(Device, Device.id == ReservationDevice.device_id)
+            .join(User, User.id == Reservation.user_id)
+            .where(User.username == p.user, Device.uuid == p.uuids[0], Reservation.status == "confirmed",
+                   Reservation.end_at > now)
+        )
+        q = q.where(Reservation.start_at <= now) if p.start <= now else q.where(Reservation.start_at > now)
+        if session.scalar(q.limit(1)) is not None:
+            out.append((p, "exists"))
+            continue
+        data = ReservationCreate(
+            host=p.host, devices=list(p.uuids), start="now" if p.start <= now else p.start.isoformat(),
+            end=p.end.isoformat(), user=p.user, note=f"{DEMO_NOTE}: {p.purpose}", override_reason=DEMO_NOTE,
+        )
+        try:
+            with session.begin_nested():
+                r = reservation_service.create_reservation(session, actor=admin, data=data, settings=settings, now=now)
+            out.append((p, f"booked #{r.id}"))
+        except AppError as e:
+            out.append((p, f"not booked: {e.detail}"))
+    return out
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: SIGTERM this child when the demo dies (PR_SET_PDEATHSIG)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    """A child process of the demo and where its output goes."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    log: TextIO | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.log_path, "a", encoding="utf-8")
+        self.log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.args)}\n")
+        self.log.flush()
+        self.proc = subprocess.Popen(
+            self.args, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the child's process group, wait ``timeout`` seconds, then SIGKILL it."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        _signal_group(self.proc.pid, signal.SIGKILL)  # anything the child left in its group
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        return self.proc.returncode
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _console_script(name: str, module: str) -> list[str]:
+    """``[<venv>/bin/NAME]`` when installed beside this interpreter, else ``[python, -m, MODULE]``."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return [str(candidate)]
+    found = shutil.which(name)
+    return [found] if found else [sys.executable, "-m", module]
+
+
+# ---------------------------------------------------------------------------- the demo
+
+
+@dataclass
+class AgentPlan:
+    host: str
+    capture: Path | None  # None: NVML
+    state_dir: Path
+    token_file: Path
+
+
+@dataclass
+class Demo:
+    """One run of ``gpuroster demo``; :meth:`run` returns the exit status."""
+
+    data_dir: Path
+    port: int = 8000
+    bind: str = "127.0.0.1"
+    source: str = "auto"  # auto | nvml | replay
+    out: Callable[[str], None] = print
+    ready_timeout: float = 60.0
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.bind}:{self.port}"
+
+    def settings(self) -> Settings:
+        return Settings(data_dir=self.data_dir, database_url=f"sqlite:///{self.data_dir / 'gpuroster.db'}",
+                        base_url=self.url, environment="development")
+
+    def child_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUROSTER_AGENT_",))}
+        env.update({
+            "GPUROSTER_DATA_DIR": str(self.data_dir),
+            "GPUROSTER_DATABASE_URL": f"sqlite:///{self.data_dir / 'gpuroster.db'}",
+            "GPUROSTER_BASE_URL": self.url,
+            "GPUROSTER_ENVIRONMENT": "development",
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def choose_agents(self) -> tuple[list[AgentPlan], str]:
+        agents_dir = self.data_dir / "agents"
+        count, why = (0, "replay requested") if self.source == "replay" else nvml_device_count()
+        if self.source == "nvml" and count == 0:
+            raise DemoError(f"--source nvml, but {why}")
+        if count > 0:
+            name = local_host_name()
+            d = agents_dir / name
+            return [AgentPlan(name, None, d / "state", d / "token")], f"{why}: monitoring this machine's GPUs"
+        captures = bundled_captures()
+        if not captures:
+            raise DemoError("no GPUs and no bundled captures in agent/captures/ to replay")
+        plans = []
+        for cap in captures:
+            name = replay_host_name(cap)
+            d = agents_dir / name
+            plans.append(AgentPlan(name, cap, d / "state", d / "token"))
+        return plans, f"no GPUs ({why}): replaying {len(captures)} bundled capture(s)"
+
+    def agent_args(self, a: AgentPlan, config: Path, owners: Path) -> list[str]:
+        args = [*_console_script("gpuroster-agent", "agent"), "--config", str(config), "--server", self.url,
+                "--token-file", str(a.token_file), "--host", a.host, "--state-dir", str(a.state_dir)]
+        if a.capture is not None:
+            args += ["--replay", str(a.capture), "--replay-owners", str(owners), "--interval", str(REPLAY_INTERVAL_S)]
+        else:
+            args += ["--interval", str(NVML_INTERVAL_S)]
+        return args
+
+    def wait_ready(self, server: Child) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while not self.stop_event.is_set():
+            if not server.alive():
+                raise DemoError(f"the service exited ({server.proc.returncode if server.proc else '?'}); "
+                                f"last lines of {server.log_path}:\n{server.tail()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise DemoError(f"the service did not become ready in {self.ready_timeout:.0f} s; see {server.log_path}")
+            self.stop_event.wait(0.2)
+
+    def wait_reported(self, factory: sessionmaker[Session], hosts: list[str], timeout: float = 30.0) -> list[str]:
+        """Wait until each of ``hosts`` has posted a snapshot; returns those that did."""
+        deadline = time.monotonic() + timeout
+        while not self.stop_event.is_set():
+            with factory() as s:
+                seen = set(s.scalars(select(Host.name).where(Host.name.in_(hosts), Host.last_seen_at.is_not(None))))
+            if seen >= set(hosts) or time.monotonic() > deadline:
+                return sorted(seen)
+            self._check_children()
+            self.stop_event.wait(0.3)
+        return []
+
+    def _check_children(self) -> None:
+        for c in self.children:
+            if not c.alive():
+                code = c.proc.returncode if c.proc else "?"
+                raise DemoError(f"{c.name} exited with status {code}; last lines of {c.log_path}:\n{c.tail()}")
+
+    # -- the whole run ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        from app.db import build_engine, build_session_factory, run_in_transaction
+        from app.migrate import head_revision, upgrade
+
+        self.data_dir = self.data_dir.resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not port_free(self.bind, self.port):
+            self.out(f"error: port {self.port} on {self.bind} is in use; pass --port with a free one")
+            return 2
+        settings = self.settings()
+        self.out(f"gpuroster demo: data in {self.data_dir} (SQLite {self.data_dir / 'gpuroster.db'})")
+        upgrade(settings.sqlalchemy_url)
+        self.out(f"  database migrated to {head_revision()}")
+        try:
+            agents, why = self.choose_agents()
+        except DemoError as e:
+            self.out(f"error: {e}")
+            return 2
+        self.out(f"  agents: {why}")
+        engine = build_engine(settings)
+        factory = build_session_factory(engine)
+        try:
+            admin = run_in_transaction(factory, lambda s: ensure_admin(s))
+            replay = any(a.capture is not None for a in agents)
+            if replay:
+                made = run_in_transaction(factory, ensure_demo_users)
+                if made:
+                    self.out(f"  demo users created: {', '.join(made)} (Unix names of the replayed processes)")
+            for a in agents:
+                run_in_transaction(factory, lambda s, a=a: ensure_host(s, name=a.host, token_file=a.token_file))
+            config = self.data_dir / "agents" / "agent.toml"
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text("# gpuroster demo: agents take every setting from their command line\n")
+            owners = self.data_dir / "agents" / "replay-owners.json"
+            owners.write_text(json.dumps({"_comment": "pid -> owner for the bundled captures (gpuroster demo)",
+                                          **owners_map()}, indent=2) + "\n")
+            return self._supervise(settings, factory, agents, admin, config, owners)
+        except DemoError as e:
+            self.out(f"error: {e}")
+            return 1
+        finally:
+            self.stop_all()
+            engine.dispose()
+
+    def _supervise(self, settings: Settings, factory: sessionmaker[Session], agents: list[AgentPlan],
+                   admin: AdminResult, config: Path, owners: Path) -> int:
+        from app.db import run_in_transaction
+
+        env = self.child_env()
+        logs = self.data_dir / "logs"
+        server = Child("the service", [*_console_script("gpuroster", "app.cli"), "serve", "--host", self.bind,
+                                       "--port", str(self.port), "--no-migrate", "--log-level", "warning"],
+                       logs / "service.log")
+        self.children.append(server)
+        server.start(env)
+        self.wait_ready(server)
+        if self.stop_event.is_set():
+            return 0
+        self.out(f"  service ready at {self.url} (log: {server.log_path})")
+        for a in agents:
+            child = Child(f"agent {a.host}", self.agent_args(a, config, owners), logs / f"agent-{a.host}.log")
+            self.children.append(child)
+            child.start(env)
+        replayed = [a.host for a in agents if a.capture is not None]
+        if replayed:
+            seen = self.wait_reported(factory, replayed)
+            if self.stop_event.is_set():
+                return 0
+            now = utcnow()
+            plan = run_in_transaction(factory, lambda s: plan_reservations(s, hosts=seen, now=now))
+            results = run_in_transaction(factory, lambda s: ensure_reservations(s, plan=plan, settings=settings, now=now))
+            for p, outcome in results:
+                self.out(f"  {p.user} on {p.host} {', '.join(u[:20] for u in p.uuids)} ({p.purpose}): {outcome}")
+            missing = sorted(set(replayed) - set(seen))
+            if missing:
+                self.out(f"  warning: no snapshot yet from {', '.join(missing)}; see {logs}")
+        self._banner(admin, agents)
+        while not self.stop_event.wait(1.0):
+            self._check_children()
+        return 0
+
+    def _banner(self, admin: AdminResult, agents: list[AgentPlan]) -> None:
+        self.out("")
+        self.out(f"Open {self.url}/ and sign in as '{ADMIN}'.")
+        if admin.created:
+            self.out(f"  Admin password (shown once, stored hashed): {admin.password}")
+            self.out(f"  Admin API token (shown once): {admin.token}")
+            self.out(f"  e.g. curl -H 'Authorization: Bearer {admin.token}' {self.url}/api/v1/devices")
+        else:
+            self.out(f"  The admin '{ADMIN}' exists; its password was printed on the first start "
+                     f"(start over with a fresh --data-dir).")
+        for a in agents:
+            what = f"replay of {a.capture.name} (source=replay)" if a.capture else "NVML on this machine"
+            self.out(f"  host {a.host}: {what}, policy {DEMO_POLICY}, grace {DEMO_GRACE_SECONDS} s")
+        self.out(f"  Metrics: {self.url}/metrics · API docs: {self.url}/docs · logs: {self.data_dir / 'logs'}")
+        self.out("Press Ctrl-C to stop.")
+
+    def stop_all(self) -> None:
+        """Stop the agents first (their last posts reach the service), then the service."""
+        agents = [c for c in self.children if c.name.startswith("agent")]
+        others = [c for c in self.children if not c.name.startswith("agent")]
+        for c in agents:
+            if c.alive():
+                _signal_group(c.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        for c in [*agents, *others]:
+            c.stop()
+        self.children.clear()
+
+
+class DemoError(Exception):
+    """The demo cannot go on; the message says why."""
+
+
+def run_demo(*, port: int, data_dir: Path, source: str = "auto") -> int:
+    """Entry point of ``gpuroster demo``: run until SIGINT/SIGTERM; returns the exit status."""
+    demo = Demo(data_dir=data_dir, port=port, source=source, out=lambda line: print(line, flush=True))
+
+    def _stop(signum: int, _frame: object) -> None:
+        if not demo.stop_event.is_set():
+            print(f"\nstopping (signal {signum}): agents, then the service…", flush=True)
+        demo.stop_event.set()
+
+    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = demo.run()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    print("gpuroster demo stopped.", flush=True)
+    return code
+
+
+__all__ = [
+    "ADMIN", "DEMO_OWNERS", "DEMO_USERS", "Demo", "DemoError", "PlannedReservation", "bundled_captures",
+    "ensure_admin", "ensure_demo_users", "ensure_host", "ensure_reservations", "nvml_device_count", "owners_map",
+    "plan_reservations", "replay_host_name", "run_demo",
+]

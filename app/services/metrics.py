@@ -1,0 +1,207 @@
+"""Prometheus metrics built from the database at scrape time.
+
+Nothing here lives in a process's memory: every scrape reads the latest state that ingest
+stored (hosts, devices, ``device_telemetry``, ``device_processes``) and counts rows for the
+counters, so any app process (of any number of workers or replicas) answers the same, and
+a device or process that vanished from its host's latest snapshot has no series at all
+(never a stale last value). Devices of a host whose agent went stale (no snapshot for
+``STALE_INTERVALS`` intervals) are left out too; ``gpuroster_host_up`` and
+``gpuroster_host_seconds_since_snapshot`` say why.
+
+Units follow Prometheus conventions: bytes, seconds, degrees Celsius, watts, percent (0-100
+as NVML reports it). A value NVML could not give (``None``) has no sample; it is never 0.
+
+Counters are row counts: ``reservations`` (rows are never deleted: cancelling changes a
+row's state), ``findings``, ``notices``, and booking conflicts, which leave no reservation
+row behind and so are recorded as ``audit_log`` rows with action
+:data:`CONFLICT_ACTION` (see :func:`record_conflict`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.models import (
+    AuditLog,
+    Device,
+    DeviceProcess,
+    DeviceTelemetry,
+    Finding,
+    Host,
+    Notice,
+    Reservation,
+    ReservationDevice,
+    User,
+)
+from app.services.devices import host_status
+
+MIB = 1024 * 1024
+CONFLICT_ACTION = "reservation.conflict"
+DEVICE_LABELS = ("host", "index", "uuid", "model", "holder")
+PROCESS_LABELS = ("host", "uuid", "pid", "user", "name")
+NOT_UP = ("stale", "never", "down", "misconfigured")
+
+
+def record_conflict(session: Session, *, path: str, conflicts: list[int], detail: str) -> AuditLog:
+    """Record one refused booking (a 409 reservation conflict) as an ``audit_log`` row.
+
+    Called in a transaction of its own after the request's transaction was rolled back, so
+    the count survives the refusal. ``conflicts``: ids of the reservations in the way.
+    """
+    row = AuditLog(actor="system", action=CONFLICT_ACTION, target=path[:256],
+                   detail={"conflicts": conflicts, "detail": detail[:512]})
+    session.add(row)
+    return row
+
+
+def device_index_label(device: Device, parents: dict[int, Device]) -> str:
+    """The ``index`` label: NVML index of a whole GPU (``"0"``); for a MIG instance the
+    parent's index and the GPU-instance id (``"0/3"``)."""
+    if device.parent_id is None:
+        return "" if device.index is None else str(device.index)
+    parent = parents.get(device.parent_id)
+    p = "" if parent is None or parent.index is None else str(parent.index)
+    gi = device.gpu_instance_id if device.gpu_instance_id is not None else device.index
+    return f"{p}/{'' if gi is None else gi}"
+
+
+class DatabaseCollector:
+    """A ``prometheus_client`` collector reading the latest state through ``session`` at ``now``.
+
+    Register it on a fresh ``CollectorRegistry`` per scrape (it holds the request's session).
+    """
+
+    def __init__(self, session: Session, *, now: datetime) -> None:
+        self.session = session
+        self.now = now
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _holders(self, device_ids: list[int], parent_of: dict[int, int | None]) -> dict[int, str]:
+        """Username holding each device now; a whole-GPU reservation holds its MIG instances."""
+        if not device_ids:
+            return {}
+        rows = self.session.execute(
+            select(ReservationDevice.device_id, ReservationDevice.slice_kind, User.username)
+            .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
+            .join(User, User.id == Reservation.user_id)
+            .where(ReservationDevice.active.is_(True), ReservationDevice.start_at <= self.now,
+                   ReservationDevice.end_at > self.now)
+        ).all()
+        direct: dict[int, str] = {}
+        for dev_id, kind, username in rows:
+            direct[dev_id] = username
+        out: dict[int, str] = {}
+        for dev_id in device_ids:
+            if dev_id in direct:
+                out[dev_id] = direct[dev_id]
+            elif parent_of.get(dev_id) is not None and parent_of[dev_id] in direct:
+                out[dev_id] = direct[parent_of[dev_id]]  # type: ignore[index]
+        return out
+
+    # -- the collector protocol ------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every gpuroster metric family for the current database state."""
+        s, now = self.session, self.now
+        hosts = {h.id: h for h in s.scalars(select(Host))}
+        up_hosts = {hid for hid, h in hosts.items() if host_status(h, now)[0] not in NOT_UP}
+
+        host_up = GaugeMetricFamily("gpuroster_host_up", "1 when the host's agent reports within its stale window "
+                                    "and NVML works, else 0", labels=("host", "source"))
+        host_age = GaugeMetricFamily("gpuroster_host_seconds_since_snapshot",
+                                     "seconds since the service last received a snapshot from the host", labels=("host",))
+        for hid, h in sorted(hosts.items(), key=lambda kv: kv[1].name):
+            host_up.add_metric((h.name, h.source or ""), 1.0 if hid in up_hosts else 0.0)
+            if h.last_seen_at is not None:
+                host_age.add_metric((h.name,), max(0.0, (now - h.last_seen_at).total_seconds()))
+        yield host_up
+        yield host_age
+
+        # Devices in their host's latest snapshot: telemetry written by that very snapshot.
+        rows = s.execute(
+            select(Device, DeviceTelemetry)
+            .join(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+            .join(Host, Host.id == Device.host_id)
+            .where(Device.retired_at.is_(None), DeviceTelemetry.collected_at == Host.last_collected_at)
+        ).all()
+        rows = [(d, t) for d, t in rows if d.host_id in up_hosts]
+        devices = {d.id: d for d, _ in rows}
+        missing_parents = {d.parent_id for d in devices.values() if d.parent_id and d.parent_id not in devices}
+        parents = dict(devices)
+        if missing_parents:
+            parents.update({d.id: d for d in s.scalars(select(Device).where(Device.id.in_(missing_parents)))})
+        holders = self._holders(list(devices), {d.id: d.parent_id for d in devices.values()})
+
+        util = GaugeMetricFamily("gpuroster_device_utilization_percent", "GPU utilization, percent (0-100)", labels=DEVICE_LABELS)
+        mem_used = GaugeMetricFamily("gpuroster_device_memory_used_bytes", "device memory in use, bytes", labels=DEVICE_LABELS)
+        mem_total = GaugeMetricFamily("gpuroster_device_memory_total_bytes", "device memory, bytes", labels=DEVICE_LABELS)
+        temp = GaugeMetricFamily("gpuroster_device_temperature_celsius", "GPU temperature, degrees Celsius", labels=DEVICE_LABELS)
+        power = GaugeMetricFamily("gpuroster_device_power_watts", "power draw, watts", labels=DEVICE_LABELS)
+        for d, t in sorted(rows, key=lambda r: (hosts[r[0].host_id].name, r[0].uuid)):
+            labels = (hosts[d.host_id].name, device_index_label(d, parents), d.uuid, d.name or "", holders.get(d.id, ""))
+            if t.utilization_gpu is not None:
+                util.add_metric(labels, t.utilization_gpu)
+            if t.memory_used_mib is not None:
+                mem_used.add_metric(labels, t.memory_used_mib * MIB)
+            if d.memory_total_mib is not None:
+                mem_total.add_metric(labels, d.memory_total_mib * MIB)
+            if t.temperature_c is not None:
+                temp.add_metric(labels, t.temperature_c)
+            if t.power_draw_w is not None:
+                power.add_metric(labels, t.power_draw_w)
+        yield from (util, mem_used, mem_total, temp, power)
+
+        proc_mem = GaugeMetricFamily("gpuroster_process_memory_used_bytes",
+                                     "device memory used by a process in its host's latest snapshot, bytes",
+                                     labels=PROCESS_LABELS)
+        if devices:
+            procs = s.execute(
+                select(DeviceProcess.device_id, DeviceProcess.pid, DeviceProcess.unix_user, DeviceProcess.name,
+                       DeviceProcess.used_memory_mib)
+                .where(DeviceProcess.device_id.in_(list(devices)))
+                .order_by(DeviceProcess.device_id, DeviceProcess.pid)
+            ).all()
+            for dev_id, pid, user, name, used in procs:
+                if used is None:
+                    continue
+                d = devices[dev_id]
+                proc_mem.add_metric((hosts[d.host_id].name, d.uuid, str(pid), user or "", name or ""), used * MIB)
+        yield proc_mem
+
+        yield CounterMetricFamily("gpuroster_reservations_created", "reservations booked (all states)",
+                                  value=s.scalar(select(func.count()).select_from(Reservation)) or 0)
+        yield CounterMetricFamily(
+            "gpuroster_reservation_conflicts", "bookings refused with 409 because the devices were reserved",
+            value=s.scalar(select(func.count()).select_from(AuditLog).where(AuditLog.action == CONFLICT_ACTION)) or 0,
+        )
+        findings = CounterMetricFamily("gpuroster_findings", "findings reported by agents, by kind", labels=("kind",))
+        for kind, n in sorted(s.execute(select(Finding.kind, func.count()).group_by(Finding.kind)).all()):
+            findings.add_metric((kind,), n)
+        yield findings
+        notices = CounterMetricFamily("gpuroster_notices", "notices sent about findings, by channel", labels=("channel",))
+        for channel, n in sorted(s.execute(select(Notice.channel, func.count()).group_by(Notice.channel)).all()):
+            notices.add_metric((channel,), n)
+        yield notices
+
+        open_by: dict[tuple[str, str], int] = defaultdict(int)
+        for host_id, kind, n in s.execute(
+            select(Finding.host_id, Finding.kind, func.count())
+            .where(Finding.state.in_(("open", "notified")))
+            .group_by(Finding.host_id, Finding.kind)
+        ):
+            if host_id in hosts:
+                open_by[(hosts[host_id].name, kind)] += n
+        open_f = GaugeMetricFamily("gpuroster_findings_open", "findings still open or notified", labels=("host", "kind"))
+        for (host, kind), n in sorted(open_by.items()):
+            open_f.add_metric((host, kind), n)
+        yield open_f
+
+
+__all__ = ["CONFLICT_ACTION", "DatabaseCollector", "device_index_label", "record_conflict"]
