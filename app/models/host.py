@@ -156,7 +156,7 @@ class UsageRollup(Base):
     __tablename__ = "usage_rollups"
 
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True)
-    minute: Mapped[datetime] = mapped_column(primary_key=True)
+    minute: Mapped[datetime] = mapped_column(primary_key=True, index=True)  # index: retention pruning by age
     samples: Mapped[int] = mapped_column(Integer, default=0)
     utilization_sum: Mapped[float] = mapped_column(Float, default=0.0)
     utilization_samples: Mapped[int] = mapped_column(Integer, default=0)
