@@ -226,8 +226,8 @@ def test_report_page_renders_for_a_signed_in_member(client, lab, session_factory
         assert r.status_code == 200, r.text
         assert "text/html" in r.headers["content-type"]
         assert "Booked versus used: user alice" in r.text
-        assert 'data-k="reserved">0.2 h' in r.text  # 10 minutes
-        assert 'data-k="unmonitored">0.2 h' in r.text
+        assert 'data-k="reserved">0.17 h' in r.text  # 10 minutes
+        assert 'data-k="unmonitored">0.17 h' in r.text
         bad = client.get("/reports/usage", params={"user": "alice", "from": "nonsense"})
         assert bad.status_code == 422
     finally:
