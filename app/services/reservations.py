@@ -133,6 +133,13 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
         if dev in out:
             raise InvalidInput(f"devices: {text!r} is listed twice", field="devices")
         out.append(dev)
+    ids = {d.id for d in out}
+    for d in out:
+        if d.parent_id is not None and d.parent_id in ids:
+            raise InvalidInput(
+                f"devices: MIG instance {d.uuid} is part of a whole GPU also requested; ask for one or the other",
+                field="devices",
+            )
     return out
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from app.config import normalize_database_url
 from tests.conftest import future, gpu, snapshot_body
-from tests.live import gpuroster_env, live_server, run_cli
+from tests.live import gpuroster_env, live_server
 
 OVERLAPS = text(
     """
@@ -29,12 +29,26 @@ OVERLAPS = text(
 
 
 def _setup(env, n_users: int, n_devices: int) -> tuple[list[str], list[str], str]:
-    tokens = []
-    for i in range(n_users):
-        name = f"user{i:02d}"
-        run_cli(["admin", "create-user", name, "--no-password"], env)
-        tokens.append(run_cli(["admin", "create-token", name], env))
-    host_token = run_cli(["admin", "add-host", "node-01"], env)
+    """Users with tokens and a host, created in-process (the CLI path is covered elsewhere)."""
+    from app.config import Settings
+    from app.db import build_engine, build_session_factory, run_in_transaction
+    from app.migrate import upgrade
+    from app.services import hosts as host_service
+    from app.services import users as user_service
+
+    upgrade(env["GPUROSTER_DATABASE_URL"])
+    engine = build_engine(Settings(database_url=env["GPUROSTER_DATABASE_URL"]))
+    factory = build_session_factory(engine)
+
+    def work(s):
+        tokens = []
+        for i in range(n_users):
+            u = user_service.create_user(s, username=f"user{i:02d}")
+            tokens.append(user_service.create_api_token(s, user=u)[1])
+        return tokens, host_service.create_host(s, name="node-01")[1]
+
+    tokens, host_token = run_in_transaction(factory, work)
+    engine.dispose()
     uuids = [f"GPU-{i:08d}-race-0000-0000-000000000000" for i in range(n_devices)]
     return tokens, uuids, host_token
 
@@ -59,8 +73,7 @@ def test_b21_twenty_parallel_requests_one_201(db_url, tmp_path):
     tokens, uuids, host_token = _setup(env, 20, 1)
     start = future(72)
     body = {"host": "node-01", "devices": [uuids[0]], "start": start.isoformat(), "end": (start + timedelta(hours=2)).isoformat()}
-    workers = 1 if db_url.startswith("sqlite") else 1
-    with live_server(env, workers=workers, migrate=False) as url_a, live_server(env, migrate=False) as url_b:
+    with live_server(env, migrate=False) as url_a, live_server(env, migrate=False) as url_b:
         _register_devices(url_a, host_token, uuids)
 
         def post(i: int) -> httpx.Response:
