@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,25 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         doc = {"type": "about:blank", "title": str(exc.detail), "status": exc.status_code, "detail": str(exc.detail)}
         return problem_response(exc.status_code, doc, getattr(exc, "headers", None))
+
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(DataError)
+    async def _out_of_range(request: Request, exc: Exception):
+        # a number or string the database cannot hold (ids beyond 2^63, values out of range)
+        log.info("value out of range for the database: %s", exc)
+        doc = {"type": "/problems/validation", "title": "Invalid input", "status": 422,
+               "detail": "a value in the request is out of the range the database accepts"}
+        return problem_response(422, doc)
+
+    @app.exception_handler(OperationalError)
+    async def _busy(request: Request, exc: OperationalError):
+        from app.db import is_retryable
+
+        if not is_retryable(exc):
+            raise exc
+        log.warning("database busy after retries: %s", exc.orig)
+        doc = {"type": "/problems/busy", "title": "Service busy", "status": 503, "detail": "the database is busy; retry shortly"}
+        return problem_response(503, doc, {"Retry-After": "1"})
 
     @app.exception_handler(IntegrityError)
     async def _integrity(request: Request, exc: IntegrityError):

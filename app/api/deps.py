@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -111,3 +111,7 @@ CurrentUser = Annotated[User, Depends(current_user)]
 WriteUser = Annotated[User, Depends(current_user_write)]
 AdminUser = Annotated[User, Depends(admin_user)]
 CurrentHost = Annotated[Host, Depends(current_host)]
+
+
+# Row ids in paths: 1 .. 2^31-1 (both databases' integer range); anything else is a 422.
+RowId = Annotated[int, Path(ge=1, le=2_147_483_647, description="row id")]

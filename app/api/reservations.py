@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from app.api.deps import CurrentUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
+from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.schemas.common import Page
 from app.schemas.reservation import ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import reservations as svc
@@ -38,7 +38,7 @@ def list_reservations(
     from_: Annotated[str | None, Query(alias="from", max_length=64, description="overlapping [from, to)")] = None,
     to: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
 ) -> Page[ReservationRead]:
     """Everyone's reservations (who holds what is public in the lab), filtered and paginated."""
     flt = svc.ReservationFilter(
@@ -51,25 +51,25 @@ def list_reservations(
 
 
 @router.get("/{reservation_id}", response_model=ReservationRead)
-def get_reservation(reservation_id: int, user: CurrentUser, session: SessionDep) -> ReservationRead:
+def get_reservation(reservation_id: RowId, user: CurrentUser, session: SessionDep) -> ReservationRead:
     return svc.to_read(svc.get_reservation(session, reservation_id))
 
 
 @router.patch("/{reservation_id}", response_model=ReservationRead, responses={**CONFLICT, 403: {}, 422: {}})
-def update_reservation(reservation_id: int, data: ReservationUpdate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> ReservationRead:
+def update_reservation(reservation_id: RowId, data: ReservationUpdate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> ReservationRead:
     """Change the end (extend/shorten) or the note. History cannot be changed (409)."""
     r = svc.update_reservation(session, actor=user, reservation_id=reservation_id, data=data, settings=settings)
     return svc.to_read(r)
 
 
 @router.delete("/{reservation_id}", response_model=ReservationRead, responses={409: {}, 403: {}})
-def delete_reservation(reservation_id: int, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+def delete_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
     """Cancel an upcoming reservation, or release an active one (end = now). The row is kept."""
     return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
 
 
 @router.post("/{reservation_id}/release", response_model=ReservationRead, responses={409: {}, 403: {}})
-def release_reservation(reservation_id: int, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+def release_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
     """Give the devices back now: an active reservation ends now, an upcoming one is cancelled."""
     return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import select
 
-from app.api.deps import AdminUser, CurrentUser, SessionDep, WriteSessionDep, WriteUser
+from app.api.deps import AdminUser, RowId, CurrentUser, SessionDep, WriteSessionDep, WriteUser
 from app.errors import Conflict, Forbidden
 from app.models import ApiToken, AuditLog, User
 from app.schemas.user import TokenCreate, TokenCreated, TokenRead, UserCreate, UserRead, UserUpdate
@@ -97,5 +97,5 @@ def create_token(data: TokenCreate, user: WriteUser, session: WriteSessionDep) -
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenRead)
-def revoke_token(token_id: int, user: WriteUser, session: WriteSessionDep) -> TokenRead:
+def revoke_token(token_id: RowId, user: WriteUser, session: WriteSessionDep) -> TokenRead:
     return _token_read(user_service.revoke_api_token(session, user=user, token_id=token_id))
