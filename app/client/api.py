@@ -1,0 +1,79 @@
+"""A small synchronous HTTP client for the service's API (httpx, explicit timeouts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from app import __version__
+
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+class ApiError(Exception):
+    """The server answered with an error status; ``doc`` is its problem document."""
+
+    def __init__(self, status: int, doc: dict[str, Any]) -> None:
+        self.status = status
+        self.doc = doc
+        super().__init__(self.detail)
+
+    @property
+    def detail(self) -> str:
+        return str(self.doc.get("detail") or self.doc.get("title") or f"HTTP {self.status}")
+
+
+class Unreachable(Exception):
+    """No answer from the server (connection refused, DNS, timeout)."""
+
+
+class NotConfigured(Exception):
+    """No server URL or no token: ``gpuroster login`` has not been run."""
+
+
+class Api:
+    """``Api(server, token)``: JSON requests under ``/api/v1``; raises ApiError / Unreachable."""
+
+    def __init__(self, server: str, token: str | None = None, *, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"User-Agent": f"gpuroster-cli/{__version__}", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.server = server.rstrip("/")
+        self._http = httpx.Client(base_url=self.server + "/api/v1", headers=headers, timeout=TIMEOUT, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.TimeoutException as e:
+            raise Unreachable(f"{self.server} did not answer in time ({e.__class__.__name__})") from None
+        except httpx.TransportError as e:
+            raise Unreachable(f"cannot reach {self.server}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                doc = r.json()
+                if not isinstance(doc, dict):
+                    doc = {"detail": str(doc)}
+            except ValueError:
+                doc = {"detail": r.text[:500] or r.reason_phrase}
+            if r.status_code == 429 and "retry_after" not in doc and r.headers.get("retry-after"):
+                doc["retry_after"] = r.headers["retry-after"]
+            raise ApiError(r.status_code, doc)
+        if r.status_code == 204 or not r.content:
+            return None
+        return r.json()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, json=body)
+
+    def patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
