@@ -14,7 +14,7 @@ from sqlalchemy import select
 from app.config import Settings
 from app.db import build_engine, build_session_factory, lock_for_write
 from app.errors import InvalidInput
-from app.models import Device, DeviceProcess, DeviceTelemetry, Host, Reservation, ReservationDevice, User
+from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, User
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import placement
 from app.services import reservations as reservation_service
