@@ -312,8 +312,21 @@ def reserve(
         _print_json(r)
         return
     typer.echo("reserved " + _reservation_line(r, ctx.tz))
+    wanted = _requested_start(body)
+    if wanted is not None and _dt(r["start"]) > wanted + timedelta(minutes=1):  # type: ignore[operator]
+        typer.echo(f"note: {count} GPU(s) are free only from {fmt_time(_dt(r['start']), ctx.tz)}, "
+                   f"not {fmt_time(wanted, ctx.tz)}")
     typer.echo(f"CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']}")
     typer.echo(f"on {r['host']}: eval \"$(gpuroster env)\"   or   gpuroster run --id {r['id']} -- <command>")
+
+
+def _requested_start(body: dict) -> datetime | None:
+    """The start the user asked for, as an instant (None for asap/now)."""
+    start = body.get("start")
+    if not start or start in ("asap", "now"):
+        return None
+    dt = datetime.fromisoformat(start)
+    return dt.replace(tzinfo=ZoneInfo(body["tz"])) if dt.tzinfo is None and body.get("tz") else dt
 
 
 def _reservation_body(ctx: Ctx, *, duration: str, count: int, start: str, host: str | None, model: str | None,

@@ -277,9 +277,10 @@ def check_limits(
     """Every sharing rule that ``[start, end)`` on ``devices`` of ``host`` would break for ``owner``.
 
     For a change of ``existing`` only the end can move: a shorter (or equal) end breaks
-    nothing new and returns ``[]``; a longer one is checked for length, devices and
-    reservations at once and GPU-hours; where and how far ahead it starts did not change
-    and is not re-checked. Takes no lock (see :func:`validate_reservation`).
+    nothing new and returns ``[]``; a longer one is checked for its length, and for devices
+    and reservations at once and GPU-hours where the added time falls; where and how far
+    ahead it starts did not change and is not re-checked. Takes no lock (see
+    :func:`validate_reservation`).
     """
     if existing is not None and end <= existing.end_at:
         return []
@@ -328,10 +329,11 @@ def check_limits(
     max_conc = limits["max_concurrent_reservations"].value
     max_gpuh = limits["max_gpu_hours_7d"].value
     exclude = existing.id if existing is not None else None
+    added = existing.end_at if existing is not None else start  # the time this request adds
     if max_dev is not None or max_conc is not None:
-        rows = _owner_rows(session, owner_id=owner.id, start=start, end=end, exclude_id=exclude)
+        rows = _owner_rows(session, owner_id=owner.id, start=added, end=end, exclude_id=exclude)
         if max_dev is not None:
-            p = peak([(s, e) for _r, s, e in rows], start, end)
+            p = peak([(s, e) for _r, s, e in rows], added, end)
             if p.value + len(devices) > max_dev:
                 held = (f"you hold {p.value} of {max_dev} devices until {fmt_local(p.until, tz, now)}"
                         if p.value and p.until else f"you hold none of {max_dev} then")
@@ -343,7 +345,7 @@ def check_limits(
             spans: dict[int, tuple[datetime, datetime]] = {}
             for rid, s, e in rows:
                 spans[rid] = (s, e)
-            p = peak(list(spans.values()), start, end)
+            p = peak(list(spans.values()), added, end)
             if p.value + 1 > max_conc:
                 v("max_concurrent_reservations",
                   f"you have {p.value} of {max_conc} reservations at once until "
@@ -351,7 +353,7 @@ def check_limits(
                   used=p.value, left=max(0, max_conc - p.value), until=p.until)
 
     if max_gpuh is not None:
-        first = start.astimezone(tz).date() - timedelta(days=WINDOW_DAYS - 1)
+        first = added.astimezone(tz).date() - timedelta(days=WINDOW_DAYS - 1)
         last = (end - timedelta(microseconds=1)).astimezone(tz).date()
         span_start, _ = quota_window(first, tz)
         _, span_end = quota_window(last, tz)

@@ -272,3 +272,19 @@ def test_password_sign_in_for_the_cli_is_throttled(client, lab, make_user, setti
     assert client.post("/api/v1/auth/token", json={"username": "ghost", "password": "x"}).status_code == 401
     r = client.post("/api/v1/auth/token", json={"username": "dora"})
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "password"
+
+
+def test_an_extension_is_judged_where_the_added_time_falls(client, lab):
+    s = future(40)
+    assert book(client, lab.alice, [0, 1], s, s + timedelta(hours=2)).status_code == 201
+    rid = book(client, lab.alice, [2], s, s + timedelta(hours=3)).json()["id"]
+    rule(client, lab.admin, scope="default", max_devices=2)  # tightened after booking: 3 at once until s+2h
+    r = client.patch(f"/api/v1/reservations/{rid}", json={"end": (s + timedelta(hours=4)).isoformat()}, headers=lab.alice.headers)
+    assert r.status_code == 200, r.text  # the added hour holds 1 device
+    other = book(client, lab.alice, [3], s + timedelta(hours=4), s + timedelta(hours=6)).json()["id"]
+    r = client.patch(f"/api/v1/reservations/{rid}", json={"end": (s + timedelta(hours=5)).isoformat()}, headers=lab.alice.headers)
+    assert r.status_code == 200  # 2 at once in the added hour: within the limit
+    assert client.delete(f"/api/v1/reservations/{other}", headers=lab.alice.headers).status_code == 200
+    assert book(client, lab.alice, [0, 3], s + timedelta(hours=5), s + timedelta(hours=6)).status_code == 201
+    r = client.patch(f"/api/v1/reservations/{rid}", json={"end": (s + timedelta(hours=6)).isoformat()}, headers=lab.alice.headers)
+    assert r.status_code == 403 and r.json()["rule"] == "max_devices" and r.json()["used"] == 2
