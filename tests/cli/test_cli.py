@@ -181,6 +181,18 @@ def test_reserve_at_hh_mm_means_the_next_such_time_in_the_lab_zone(lab):
     assert start > now and start.strftime("%H:%M") == earlier.strftime("%H:%M")  # tomorrow
 
 
+def test_reserve_n_moves_to_the_earliest_free_start_and_says_so(lab):
+    r = lab.api("POST", "/reservations", lab.bob, json={"host": "node-01", "devices": [0, 1, 2, 3], "start": "now",
+                                                       "duration": "PT3H"})
+    assert r.status_code == 201
+    wanted = (datetime.now(UTC) + timedelta(hours=1)).astimezone(BERLIN).replace(second=0, microsecond=0)
+    out = lab.cli("reserve", "-n", "1", "--for", "1h", "--start", wanted.strftime("%Y-%m-%d %H:%M"))
+    assert out.returncode == 0, out.stderr
+    assert "note: 1 GPU(s) are free only from" in out.stdout and wanted.strftime("%H:%M") in out.stdout
+    [mine] = _mine(lab)
+    assert mine["start"] == r.json()["end"]
+
+
 def test_exit_codes_conflict_refusal_input_unreachable_not_signed_in_not_found(lab):
     start = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
     r = lab.api("POST", "/reservations", lab.bob, json={"host": "node-01", "devices": [0], "start": start.isoformat(),
