@@ -180,20 +180,23 @@ def _rollup(session: Session, snap: Snapshot, devices: dict[str, Device]) -> Non
         )
     if not values:
         return
-    stmt = ins(UsageRollup).values(values)
+    # One cached statement executed with many parameter sets (insertmanyvalues: one round trip);
+    # a multi-row .values() literal was recompiled on every snapshot.
+    table = UsageRollup.__table__
+    stmt = ins(table)
     ex = stmt.excluded
     stmt = stmt.on_conflict_do_update(
-        index_elements=[UsageRollup.device_id, UsageRollup.minute],
+        index_elements=[table.c.device_id, table.c.minute],
         set_=dict(
-            samples=UsageRollup.samples + ex.samples,
-            utilization_sum=UsageRollup.utilization_sum + ex.utilization_sum,
-            utilization_samples=UsageRollup.utilization_samples + ex.utilization_samples,
-            memory_used_sum_mib=UsageRollup.memory_used_sum_mib + ex.memory_used_sum_mib,
-            memory_samples=UsageRollup.memory_samples + ex.memory_samples,
+            samples=table.c.samples + ex.samples,
+            utilization_sum=table.c.utilization_sum + ex.utilization_sum,
+            utilization_samples=table.c.utilization_samples + ex.utilization_samples,
+            memory_used_sum_mib=table.c.memory_used_sum_mib + ex.memory_used_sum_mib,
+            memory_samples=table.c.memory_samples + ex.memory_samples,
             users=ex.users,
         ),
     )
-    session.execute(stmt)
+    session.execute(stmt, values)
 
 
 def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: Settings, now: datetime | None = None) -> SnapshotAck:
