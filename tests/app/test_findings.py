@@ -236,7 +236,7 @@ def test_get_one_finding_and_404(client, api, factory) -> None:
 
 def test_finding_count_helper_matches_rows(factory, hosts) -> None:
     record(factory, [report(), report(key="k2", kind="foreign", holder="bob")])
-    rows_, total = svc.list_findings(factory(), flt=svc.FindingFilter(kind="foreign"), limit=10, offset=0)
-    assert total == 1 and [f.key for f in rows_] == ["k2"]
     with factory() as s:
+        rows_, total = svc.list_findings(s, flt=svc.FindingFilter(kind="foreign"), limit=10, offset=0)
+        assert total == 1 and [f.key for f in rows_] == ["k2"]
         assert s.scalar(select(func.count()).select_from(Finding)) == 2

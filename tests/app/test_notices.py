@@ -267,3 +267,24 @@ def test_each_pending_notice_is_sent_once_by_concurrent_workers(factory, lab, co
         w.join(30)
     assert sorted(i.id for r in results for i in r) == sorted(ids)
     assert len(mailbox[0].messages) == 6
+
+
+def test_agent_post_over_http_sends_after_the_request_committed(factory, lab, conf, mailbox, hook) -> None:
+    """The whole path: POST /api/v1/agent/snapshots with a finding; the request's own session
+    commits, then the notices go out; the agent's answer is not held up by the sending."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    token = run_in_transaction(factory, lambda s: host_service.create_host(s, name="node-09")[1])
+    body = Snapshot(host="node-09", seq=1, collected_at=datetime.now(UTC),
+                    devices=[DeviceReport(uuid="GPU-dddd0000-0000-0000-0000-000000000000", index=0)],
+                    findings=[finding().model_copy(update={"device_uuid": "GPU-dddd0000-0000-0000-0000-000000000000",
+                                                           "first_seen": datetime.now(UTC), "last_seen": datetime.now(UTC)})])
+    with TestClient(create_app(conf)) as c:
+        r = c.post("/api/v1/agent/snapshots", content=body.model_dump_json(),
+                   headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert r.status_code == 200, r.text
+        assert notices.wait_idle(30)
+    assert sorted(r for rcpts, _ in mailbox[0].messages for r in rcpts) == ["alice@lab.example", "bob@lab.example"]
+    assert len(hook.bodies) == 1
