@@ -113,6 +113,10 @@ def test_readme_quick_start_on_a_fresh_clone(clone, tmp_path):
         env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
         env["PYTHONPATH"] = str(clone)
         args = ["gpuroster", "demo", "--port", str(port), "--data-dir", str(data)]
+    from app.demo import nvml_device_count
+
+    if nvml_device_count()[0] > 0:  # a GPU machine would monitor its own GPUs: ask for the replay explicitly
+        args += ["--source", "replay"]
     proc = subprocess.Popen(args, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     out = Output(proc.stdout)
