@@ -323,11 +323,17 @@ def _resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationS
     return shares
 
 
+def _share_key(s: ReservationShare) -> tuple[int | None, int | None]:
+    """(user id, group id) of a share, new (relationship set) or loaded (ids set)."""
+    user, group = s.__dict__.get("user"), s.__dict__.get("group")
+    return (s.user_id if s.user_id is not None else (user.id if user is not None else None),
+            s.group_id if s.group_id is not None else (group.id if group is not None else None))
+
+
 def _replace_shares(session: Session, r: Reservation, names: Sequence[str], *, actor: User) -> None:
     """Replace the users/groups ``r`` is shared with (``[]`` clears); never rule-checked."""
     wanted = _resolve_shares(session, names)
-    key = lambda s: (s.user_id, s.group_id)  # noqa: E731
-    if {key(s) for s in wanted} == {key(s) for s in r.shares}:
+    if {_share_key(s) for s in wanted} == {_share_key(s) for s in r.shares}:
         return
     r.shares.clear()
     session.flush()
