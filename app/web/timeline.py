@@ -87,6 +87,7 @@ class Timeline:
     columns: list[Column]
     hosts: list[tuple[str, list[Row]]]
     now_left: float | None
+    past_width: float
     prev_day: date
     next_day: date
     today: date
@@ -261,6 +262,7 @@ def timeline_view(
         view=view, day=day, start=start, end=end, columns=columns,
         hosts=[(name, hosts.get(name, [])) for name in host_names],
         now_left=pct(now) if start <= now < end else None,
+        past_width=pct(now),
         prev_day=day - step, next_day=day + step, today=now.astimezone(tz).date(),
     )
 
