@@ -184,6 +184,8 @@ def test_note_and_share_edits_are_never_refused_by_rules_tightened_later(client,
     r = client.patch(f"/api/v1/reservations/{rid}", json={"share_with": ["nobody"]}, headers=lab.alice.headers)
     assert r.status_code == 422 and r.json()["field"] == "share_with"
     assert client.get(f"/api/v1/reservations/{rid}", headers=lab.bob.headers).json()["shared_with"] == ["bob", "group:team"]
+    same = client.patch(f"/api/v1/reservations/{rid}", json={"share_with": ["group:team", "bob"]}, headers=lab.alice.headers)
+    assert same.status_code == 200 and len(audit(client.app.state.session_factory, "reservation.share")) == 1
     # the agent's table carries the share
     ack = client.post("/api/v1/agent/snapshots", headers=lab.host.headers, json=snapshot_body(
         "node-01", 2, [gpu(u, i) for i, u in enumerate(lab.devices)])).json()
