@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = build_engine(settings)
         app.state.engine = engine
         app.state.session_factory = build_session_factory(engine)
+        app.state.write_gate = asyncio.Lock() if engine.dialect.name == "sqlite" else None
         try:
             yield
         finally:

@@ -236,7 +236,7 @@ def _insert_items(session: Session, r: Reservation, devices: Sequence[Device]) -
     for d in devices:
         r.items.append(
             ReservationDevice(
-                device_id=d.id,
+                device=d,
                 physical_id=d.physical_id,
                 slice_kind=1 if d.parent_id else 0,
                 start_at=r.start_at,
@@ -314,12 +314,12 @@ def _resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationS
             g = session.scalar(select(Group).where(Group.name == name[6:]))
             if g is None:
                 raise InvalidInput(f"share_with: no group {name[6:]!r}", field="share_with")
-            shares.append(ReservationShare(group_id=g.id))
+            shares.append(ReservationShare(group=g, user=None))
         else:
             u = session.scalar(select(User).where(User.username == name))
             if u is None:
                 raise InvalidInput(f"share_with: no user {name!r}", field="share_with")
-            shares.append(ReservationShare(user_id=u.id))
+            shares.append(ReservationShare(user=u, group=None))
     return shares
 
 
@@ -406,8 +406,8 @@ def create_reservation(
         raise _conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
 
     r = Reservation(
-        user_id=owner.id,
-        host_id=host.id,
+        user=owner,
+        host=host,
         start_at=interval.start,
         end_at=interval.end,
         status="confirmed",
@@ -431,16 +431,14 @@ def create_reservation(
             detail={"user": owner.username, "override_reason": data.override_reason} if data.override_reason else {"user": owner.username},
         )
     )
-    return get_reservation_fresh(session, r.id)
+    return _flushed(session, r)
 
 
-def get_reservation_fresh(session: Session, reservation_id: int) -> Reservation:
-    """Reload with relationships (after changes in this session)."""
+def _flushed(session: Session, r: Reservation) -> Reservation:
+    """Flush and return ``r``; its relationships were set or loaded in this session, so the
+    API view needs no reload (a full reload with five eager loads cost half a booking)."""
     session.flush()
-    r = session.get(Reservation, reservation_id)
-    if r is not None:
-        session.expire(r)
-    return get_reservation(session, reservation_id)
+    return r
 
 
 def _can_modify(actor: User, r: Reservation) -> None:
@@ -520,7 +518,7 @@ def update_reservation(
             )
     r.sequence += 1
     r.updated_at = now
-    return get_reservation_fresh(session, r.id)
+    return _flushed(session, r)
 
 
 def end_reservation(session: Session, *, actor: User, reservation_id: int, now: datetime | None = None) -> Reservation:
@@ -549,7 +547,7 @@ def end_reservation(session: Session, *, actor: User, reservation_id: int, now: 
     r.sequence += 1
     r.updated_at = now
     session.add(AuditLog(actor=f"user:{actor.username}", action=action, target=f"reservation:{r.id}"))
-    return get_reservation_fresh(session, r.id)
+    return _flushed(session, r)
 
 
 @dataclass

@@ -102,11 +102,15 @@ def revoke_api_token(session: Session, *, user: User, token_id: int) -> ApiToken
 def user_for_token(session: Session, plain: str, *, now: datetime | None = None) -> User:
     """The active user owning the API token ``plain``; raises Unauthorized otherwise."""
     now = now or utcnow()
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == token_hash(plain)))
-    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+    found = session.execute(
+        select(ApiToken, User).join(User, User.id == ApiToken.user_id).where(ApiToken.token_hash == token_hash(plain))
+    ).first()
+    if found is None:
         raise Unauthorized("invalid, expired or revoked token")
-    user = session.get(User, row.user_id)
-    if user is None or not user.active:
+    row, user = found
+    if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+        raise Unauthorized("invalid, expired or revoked token")
+    if not user.active:
         raise Unauthorized("user is deactivated")
     if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 300:
         row.last_used_at = now  # written at most every 5 minutes per token
