@@ -1,0 +1,144 @@
+"""Server time to render the Now page for 100 hosts x 8 GPUs with processes.
+
+Seeds a temporary SQLite database through the services (hosts registered, one agent
+snapshot ingested per host with 8 devices and 3 processes per device, a finding on every
+tenth host, reservations holding about a third of the devices and upcoming ones on
+another sixth), signs a user in, then times requests through the application in-process
+(ASGI, no network): the full page ``GET /`` and the htmx fragment (``HX-Request: true``,
+the ``hosts`` block the page polls every 5 s). Figures are machine-dependent and only
+printed, never asserted.
+
+Run: ``.venv/bin/python bench/render_now.py [--hosts 100] [--devices 8] [--renders 20]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from agent.schema import DeviceReport, FindingReport, ProcessReport, Snapshot  # noqa: E402
+from app.config import Settings  # noqa: E402
+from app.db import run_in_transaction  # noqa: E402
+from app.main import create_app  # noqa: E402
+from app.migrate import upgrade  # noqa: E402
+from app.schemas.reservation import ReservationCreate  # noqa: E402
+from app.services import hosts as host_service  # noqa: E402
+from app.services import ingest  # noqa: E402
+from app.services import reservations as reservation_service  # noqa: E402
+from app.services import users as user_service  # noqa: E402
+from app.web import sessions as web_sessions  # noqa: E402
+
+PROCS_PER_DEVICE = 3
+USERS = 20
+
+
+def _snapshot(name: str, h: int, n_devices: int, now: datetime) -> Snapshot:
+    devices, processes, findings = [], [], []
+    for i in range(n_devices):
+        uuid = f"GPU-{h:04d}{i:04d}-bench-0000-0000-000000000000"
+        devices.append(DeviceReport(
+            uuid=uuid, index=i, name="NVIDIA H100 80GB HBM3", pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+            memory_total_mib=81559, memory_used_mib=1000.0 * (i + 1), utilization_gpu=float((h * 7 + i * 13) % 100),
+            temperature_c=30.0 + i, power_draw_w=100.0 + 20 * i, power_limit_w=700,
+        ))
+        for k in range(PROCS_PER_DEVICE):
+            pid = 10_000 + i * 100 + k
+            processes.append(ProcessReport(
+                device_uuid=uuid, pid=pid, used_memory_mib=300.0 * (k + 1), uid=2000 + (h + k) % USERS,
+                unix_user=f"user{(h + k) % USERS:02d}", command=f"python train.py --shard {k}", name="python",
+                create_time=1.7e9 + pid, container_id=f"{h:04x}{i:04x}{k:04x}" + "0" * 52 if k == 0 else None,
+            ))
+        if h % 10 == 0 and i == 0:
+            findings.append(FindingReport(
+                key=f"{uuid}:10000:1.0:unreserved", kind="unreserved", device_uuid=uuid, pid=10_000,
+                unix_user=f"user{h % USERS:02d}", first_seen=now - timedelta(minutes=3), last_seen=now,
+            ))
+    return Snapshot(host=name, seq=1, collected_at=now, devices=devices, processes=processes, findings=findings,
+                    interval_seconds=3600, driver_version="550.54.15", cuda_version="12.4")
+
+
+def seed(factory, settings: Settings, *, hosts: int, n_devices: int) -> str:
+    """Fill the database; returns a signed-in session cookie value."""
+    now = datetime.now(UTC)
+    users = run_in_transaction(factory, lambda s: [
+        user_service.create_user(s, username=f"user{u:02d}", password=None if u else "bench-password")
+        for u in range(USERS)
+    ])
+    for h in range(hosts):
+        name = f"gpu{h:03d}"
+
+        def work(s, name=name, h=h):
+            host, _ = host_service.create_host(s, name=name)
+            ingest.ingest_snapshot(s, host=host, snap=_snapshot(name, h, n_devices, now), settings=settings, now=now)
+            for i in range(n_devices):
+                owner = s.merge(users[(h + i) % USERS])
+                if i % 3 == 0:
+                    data = ReservationCreate(host=name, devices=[i], start="now", duration=timedelta(hours=4), note="bench")
+                elif i % 6 == 1:
+                    data = ReservationCreate(host=name, devices=[i], start=(now + timedelta(hours=6)).isoformat(),
+                                             duration=timedelta(hours=2))
+                else:
+                    continue
+                reservation_service.create_reservation(s, actor=owner, data=data, settings=settings, now=now)
+
+        run_in_transaction(factory, work)
+    signed = run_in_transaction(factory, lambda s: web_sessions.sign_in(
+        s, username="user00", password="bench-password", address="127.0.0.1", settings=settings, now=datetime.now(UTC)))
+    return signed.cookie_value
+
+
+def timed(client: TestClient, headers: dict[str, str], n: int) -> tuple[list[float], int]:
+    times, size = [], 0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = client.get("/", headers=headers)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert r.status_code == 200, r.status_code
+        size = len(r.content)
+    return times, size
+
+
+def pct(values: list[float], q: int) -> float:
+    """The q-th percentile (inclusive method; with 20 samples p99 is close to the maximum)."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=100)
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--renders", type=int, default=20)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        upgrade(url)
+        settings = Settings(database_url=url, data_dir=Path(tmp), environment="test", timezone="Europe/Berlin")
+        app = create_app(settings)
+        with TestClient(app) as client:
+            t0 = time.perf_counter()
+            cookie = seed(app.state.session_factory, settings, hosts=args.hosts, n_devices=args.devices)
+            seeded = time.perf_counter() - t0
+            client.cookies.set(web_sessions.SESSION_COOKIE, cookie)
+            timed(client, {}, 2)  # warm-up: template compilation, connection pool
+            full, full_size = timed(client, {}, args.renders)
+            frag, frag_size = timed(client, {"HX-Request": "true"}, args.renders)
+    n_dev = args.hosts * args.devices
+    print(f"render Now: {args.hosts} hosts x {args.devices} devices = {n_dev} devices, "
+          f"{n_dev * PROCS_PER_DEVICE} processes, SQLite (seeded in {seeded:.1f} s), {args.renders} renders each")
+    for label, values, size in (("full page   GET /", full, full_size), ("fragment    GET / (HX-Request)", frag, frag_size)):
+        print(f"  {label:32s} p50 {pct(values, 50):7.1f} ms   p99 {pct(values, 99):7.1f} ms   "
+              f"min {min(values):7.1f} ms   {size / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
