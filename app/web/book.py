@@ -31,7 +31,7 @@ from app.services import devices as device_service
 from app.services import hosts as host_service
 from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
-from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_list, form_str
+from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_list
 from app.web.now import DEVICE_BADGES, device_label
 from app.web.render import page
 
@@ -248,8 +248,10 @@ def book_check(request: Request, viewer: PageViewer, session: SessionDep, settin
     now = utcnow()
     form = BookForm.from_fields(request.query_params)
     check: BookingCheck | None = None
-    check_error = check_field = None
-    if form.mode == "count" or form.devices:  # with no device chosen yet there is nothing to check
+    check_error = check_field = check_note = None
+    if form.mode == "count":
+        check_note = "Placement picks the devices, and the earliest start at which enough are free, when you book."
+    elif form.devices:  # with no device chosen yet there is nothing to check
         try:
             check = check_booking(session, form=form, settings=settings, now=now)
         except AppError as e:
@@ -260,7 +262,7 @@ def book_check(request: Request, viewer: PageViewer, session: SessionDep, settin
                               ("when", "at"), ("start", local), ("length", form.length), ("note", form.note)])
         check.free_href = f"/book?{params}"
     ctx = form_context(session, viewer=viewer, form=form, settings=settings, now=now)
-    ctx.update(check=check, check_error=check_error, error_field=check_field)
+    ctx.update(check=check, check_error=check_error, error_field=check_field, check_note=check_note)
     return page(request, "book.html", ctx, block="check")
 
 

@@ -143,6 +143,8 @@ def test_count_mode_offered_when_placement_is_installed(weblab, session_factory)
         assert 'value="count"' not in page
         return
     assert 'name="mode" value="count"' in page
+    check = weblab.alice.get("/book/check", params={"mode": "count", "count": "2", "when": "now", "length": "1"}, headers=HX)
+    assert check.status_code == 200 and "Placement picks the devices" in check.text
     r = weblab.alice.post("/book", {"mode": "count", "count": "2", "host": "node-01", "when": "now", "length": "1"})
     assert r.status_code == 303, r.text
     with session_factory() as s:
