@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -142,3 +142,22 @@ CurrentHost = Annotated[Host, Depends(current_host)]
 
 # Row ids in paths: 1 .. 2^31-1 (both databases' integer range); anything else is a 422.
 RowId = Annotated[int, Path(ge=1, le=2_147_483_647, description="row id")]
+
+
+class PageParams:
+    """``limit`` (1..5000, default 1000) and ``offset`` of a plain-list listing; the total
+    goes in the ``X-Total-Count`` response header."""
+
+    def __init__(
+        self,
+        limit: Annotated[int, Query(ge=1, le=5000, description="page size (max 5000)")] = 1000,
+        offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+    ) -> None:
+        self.limit, self.offset = limit, offset
+
+    def apply(self, items: list, response: Response) -> list:
+        response.headers["X-Total-Count"] = str(len(items))
+        return items[self.offset : self.offset + self.limit]
+
+
+PageDep = Annotated[PageParams, Depends()]

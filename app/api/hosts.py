@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
-from app.api.deps import AdminUser, CurrentUser, SessionDep, WriteSessionDep
+from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep
 from app.models import AuditLog, utcnow
 from app.schemas.host import DeviceRead, DeviceUpdate, HostCreate, HostCreated, HostRead, HostUpdate
 from app.services import devices as device_service
@@ -16,8 +16,9 @@ router = APIRouter(tags=["hosts"])
 
 
 @router.get("/hosts", response_model=list[HostRead])
-def list_hosts(user: CurrentUser, session: SessionDep) -> list[HostRead]:
-    return device_service.list_hosts(session, now=utcnow())
+def list_hosts(user: CurrentUser, session: SessionDep, page: PageDep, response: Response) -> list[HostRead]:
+    """Every host with its agent's state; paginated (``limit``, ``offset``; total in ``X-Total-Count``)."""
+    return page.apply(device_service.list_hosts(session, now=utcnow()), response)
 
 
 @router.post("/hosts", status_code=201, response_model=HostCreated)
@@ -47,10 +48,15 @@ def update_host(name: str, data: HostUpdate, admin: AdminUser, session: WriteSes
 
 @router.get("/devices", response_model=list[DeviceRead])
 def list_devices(
-    user: CurrentUser, session: SessionDep, host: Annotated[str | None, Query(max_length=128)] = None
+    user: CurrentUser,
+    session: SessionDep,
+    page: PageDep,
+    response: Response,
+    host: Annotated[str | None, Query(max_length=128)] = None,
 ) -> list[DeviceRead]:
-    """Every device with its latest telemetry, processes, current holder and next reservation."""
-    return device_service.list_devices(session, now=utcnow(), host=host)
+    """Every device with its latest telemetry, processes, current holder and next reservation;
+    paginated (``limit``, ``offset``; total in ``X-Total-Count``)."""
+    return page.apply(device_service.list_devices(session, now=utcnow(), host=host), response)
 
 
 @router.patch("/devices/{uuid}", response_model=DeviceRead)

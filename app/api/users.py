@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from sqlalchemy import select
 
-from app.api.deps import AdminUser, RowId, CurrentUser, SessionDep, WriteSessionDep, WriteUser
+from app.api.deps import AdminUser, CurrentUser, PageDep, RowId, SessionDep, WriteSessionDep, WriteUser
 from app.errors import Conflict, Forbidden
 from app.models import ApiToken, AuditLog, User
 from app.schemas.user import TokenCreate, TokenCreated, TokenRead, UserCreate, UserRead, UserUpdate
@@ -29,9 +29,10 @@ def me(user: CurrentUser, session: SessionDep) -> UserRead:
 
 
 @router.get("/users", response_model=list[UserRead])
-def list_users(user: CurrentUser, session: SessionDep) -> list[UserRead]:
-    """All accounts (lab members see who is who; e-mail addresses only for admins)."""
-    rows = list(session.scalars(select(User).order_by(User.username)))
+def list_users(user: CurrentUser, session: SessionDep, page: PageDep, response: Response) -> list[UserRead]:
+    """All accounts (lab members see who is who; e-mail addresses only for admins);
+    paginated (``limit``, ``offset``; total in ``X-Total-Count``)."""
+    rows = page.apply(list(session.scalars(select(User).order_by(User.username))), response)
     out = [_user_read(session, u) for u in rows]
     if not user.is_admin:
         for r in out:

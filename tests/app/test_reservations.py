@@ -170,3 +170,13 @@ def test_body_over_256_kib_gets_413(client, lab):
     r = client.post("/api/v1/reservations", content=b"{" + b" " * (300 * 1024) + b"}",
                     headers={**lab.alice.headers, "content-type": "application/json"})
     assert r.status_code == 413
+
+
+def test_plain_listings_are_paginated_with_a_capped_page_size(client, lab):
+    r = client.get("/api/v1/devices", params={"limit": 3, "offset": 2}, headers=lab.alice.headers)
+    assert r.status_code == 200 and r.headers["x-total-count"] == "4"
+    assert [d["index"] for d in r.json()] == [2, 3]
+    assert client.get("/api/v1/users", params={"limit": 5001}, headers=lab.alice.headers).status_code == 422
+    r = client.get("/api/v1/users", params={"limit": 1}, headers=lab.alice.headers)
+    assert len(r.json()) == 1 and r.headers["x-total-count"] == "4"
+    assert r.json()[0]["email"] is None  # e-mail addresses only for admins
