@@ -237,6 +237,72 @@ class RssSampler:
         self._t.join()
 
 
+class CpuMeter:
+    """CPU seconds spent by the server process trees and by the PostgreSQL backends serving the
+    bench database, between :meth:`start` and :meth:`stop`. Unlike wall-clock rates, CPU per
+    snapshot hardly depends on what else runs on the machine."""
+
+    def __init__(self, pids: list[int], pg_url: str | None) -> None:
+        self.pids = pids
+        self.pg_url = pg_url
+        self._app0 = 0.0
+        self._pg0: dict[int, float] = {}
+        self.app_s = 0.0
+        self.db_s = 0.0
+
+    @staticmethod
+    def _cpu(p: psutil.Process) -> float:
+        t = p.cpu_times()
+        return t.user + t.system
+
+    def _app(self) -> float:
+        total = 0.0
+        for pid in self.pids:
+            try:
+                root = psutil.Process(pid)
+                total += sum(self._cpu(q) for q in [root, *root.children(recursive=True)])
+            except psutil.Error:
+                pass
+        return total
+
+    def _pg(self) -> dict[int, float]:
+        if self.pg_url is None:
+            return {}
+        name = self.pg_url.rsplit("/", 1)[1]
+        eng = create_engine(self.pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
+        with eng.connect() as c:
+            pids = [r[0] for r in c.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = :n AND pid <> pg_backend_pid()"), {"n": name})]
+        eng.dispose()
+        out = {}
+        for pid in pids:
+            try:
+                out[pid] = self._cpu(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        return out
+
+    def start(self) -> None:
+        self._app0 = self._app()
+        self._pg0 = self._pg()
+
+    def stop(self) -> None:
+        self.app_s = self._app() - self._app0
+        self.db_s = sum(v - self._pg0.get(pid, 0.0) for pid, v in self._pg().items())
+
+    def line(self, snapshots: int) -> str:
+        if not snapshots:
+            return "  CPU per snapshot: n/a"
+        app_ms, db_ms = self.app_s / snapshots * 1000, self.db_s / snapshots * 1000
+        both = app_ms + db_ms
+        cores = os.cpu_count() or 1
+        # each service process runs Python on one core at a time (GIL): it cannot use more
+        ceiling = min(cores * 1000 / both, min(cores, len(self.pids)) * 1000 / app_ms)
+        return (f"  CPU per snapshot (saturation): service {app_ms:.1f} ms"
+                + (f" + PostgreSQL {db_ms:.1f} ms" if self.pg_url else "")
+                + f" = {both:.1f} ms -> at most ~{ceiling:.0f} snapshots/s with {len(self.pids)} service process(es) "
+                f"on {cores} idle cores (the {TARGET_RATE:.0f}/s target needs <= {cores * 1000 / TARGET_RATE:.1f} ms in all)")
+
+
 # ---------------------------------------------------------------------------- the load generator
 
 _CL = re.compile(rb"content-length:\s*(\d+)", re.I)
@@ -505,8 +571,12 @@ def run_db(kind: str, args: argparse.Namespace) -> list[str]:
         with servers(url, 2 if kind == "postgresql" else 1, workdir) as (ports, pids), RssSampler(pids) as rss:
             first = asyncio.run(closed_loop(fleet, ports, args.connections, seconds=None, count=args.hosts, name="first contact"))
             out.append(first.line())
+            cpu = CpuMeter(pids, url if kind == "postgresql" else None)
+            cpu.start()
             sat = asyncio.run(closed_loop(fleet, ports, args.connections, seconds=args.saturate, count=None, name="saturation"))
+            cpu.stop()
             out.append(sat.line())
+            out.append(cpu.line(sat.ok))
             rate = args.rate if sat.rate >= args.rate else max(10.0, round(0.8 * sat.rate))
             if rate != args.rate:
                 out.append(f"  target {args.rate:.0f}/s is above saturation: sustained phase at 80 % of it, {rate:.0f}/s")
