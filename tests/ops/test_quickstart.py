@@ -107,6 +107,7 @@ def test_readme_quick_start_on_a_fresh_clone(clone, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUROSTER_")}
     env["PYTHONUNBUFFERED"] = "1"
     if FULL_INSTALL:
+        env.pop("PYTHONPATH", None)  # the clone's own .venv, nothing from this checkout
         args = [str(clone / "start"), "--port", str(port), "--data-dir", str(data)]
     else:
         venv_bin = Path(sys.executable).parent
