@@ -396,7 +396,8 @@ def validate_reservation(
     Takes the owner's quota lock, then checks :func:`check_limits`. A refusal raises
     :class:`RuleViolation` (403) naming the rule, the limit, what is used and left (and
     ``violations`` listing every broken rule). An admin who gives ``override_reason``
-    is let through; the overridden rules and the reason are written to the audit log
+    is let through; so is an admin who gives none (CASES B32: "admins unlimited"), recorded
+    as such. The overridden rules and the reason are written to the audit log
     (``rule.override``) and returned. ``label`` prefixes the message (a series occurrence).
     """
     advisory_xact_lock(session, quota_lock_key(owner.id))
@@ -405,12 +406,12 @@ def validate_reservation(
                          existing=existing, now=now, tz=zone)
     if not found:
         return []
-    if override_reason and actor.is_admin:
+    if actor.is_admin:
         session.add(AuditLog(
             actor=f"user:{actor.username}",
             action="rule.override",
             target=f"reservation:{existing.id}" if existing is not None else f"user:{owner.username}",
-            detail={"reason": override_reason, "owner": owner.username, "host": host.name,
+            detail={"reason": override_reason or "(admin, no reason given)", "owner": owner.username, "host": host.name,
                     "start": start.isoformat(), "end": end.isoformat(),
                     "rules": [x.as_dict() for x in found]},
         ))
@@ -419,8 +420,6 @@ def validate_reservation(
     detail = f"{first.rule}: {first.detail}"
     if label:
         detail = f"{label}: {detail}"
-    if actor.is_admin:
-        detail += " (admins may override by giving override_reason)"
     raise RuleViolation(
         detail,
         rule=first.rule,
