@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, union_all
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agent.schema import HostPolicy, ReservationEntry, Snapshot, SnapshotAck
@@ -20,13 +19,19 @@ from app.models import (
     GroupMember,
     Host,
     HostSnapshot,
+    Reservation,
+    ReservationDevice,
+    ReservationShare,
     UsageRollup,
     User,
     utcnow,
 )
 from app.services import findings as findings_service
 from app.services import hosts as host_service
-from app.services import reservations as reservation_service
+
+# The window of the host's reservation table sent to the agent.
+TABLE_AHEAD = timedelta(hours=48)
+TABLE_BEHIND = timedelta(hours=6)
 
 TELEMETRY_FIELDS = (
     "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w", "power_limit_w",
@@ -52,37 +57,50 @@ def host_policy(host: Host) -> HostPolicy:
 
 
 def reservation_table(session: Session, *, host: Host, now: datetime) -> list[ReservationEntry]:
-    """Active, upcoming (48 h) and recently ended (6 h) reservations of ``host`` for the agent."""
-    rows = reservation_service.host_table(session, host=host, now=now)
-    group_ids = {s.group_id for r in rows for s in r.shares if s.group_id}
-    members: dict[int, list[str]] = {}
-    if group_ids:
-        for gid, unix in session.execute(
-            select(GroupMember.group_id, User.unix_name)
-            .join(User, User.id == GroupMember.user_id)
-            .where(GroupMember.group_id.in_(group_ids))
-        ):
-            members.setdefault(gid, []).append(unix)
-    out = []
-    for r in rows:
-        shared: set[str] = set()
-        for s in r.shares:
-            if s.user is not None:
-                shared.add(s.user.unix_name)
-            elif s.group_id:
-                shared.update(members.get(s.group_id, []))
-        out.append(
-            ReservationEntry(
-                id=r.id,
-                user=r.user.username,
-                unix_name=r.user.unix_name,
-                device_uuids=[i.device.uuid for i in r.items],
-                start=r.start_at,
-                end=r.end_at,
-                shared_with=sorted(shared),
-            )
+    """Active, upcoming (48 h) and recently ended (6 h) reservations of ``host`` for the agent.
+
+    Two plain queries (reservations with their devices; shares resolved to Unix names, groups
+    expanded), since this runs on every snapshot.
+    """
+    rows = session.execute(
+        select(Reservation.id, Reservation.start_at, Reservation.end_at, User.username, User.unix_name, Device.uuid)
+        .join(User, User.id == Reservation.user_id)
+        .join(ReservationDevice, ReservationDevice.reservation_id == Reservation.id)
+        .join(Device, Device.id == ReservationDevice.device_id)
+        .where(
+            Reservation.host_id == host.id,
+            Reservation.status != "cancelled",
+            Reservation.end_at > now - TABLE_BEHIND,
+            Reservation.start_at < now + TABLE_AHEAD,
         )
-    return out
+        .order_by(Reservation.start_at, Reservation.id, Device.index)
+    ).all()
+    if not rows:
+        return []
+    entries: dict[int, ReservationEntry] = {}
+    for rid, start, end, username, unix_name, uuid in rows:
+        e = entries.get(rid)
+        if e is None:
+            e = entries[rid] = ReservationEntry(id=rid, user=username, unix_name=unix_name, device_uuids=[], start=start, end=end)
+        e.device_uuids.append(uuid)
+    ids = list(entries)
+    direct = (
+        select(ReservationShare.reservation_id, User.unix_name)
+        .join(User, User.id == ReservationShare.user_id)
+        .where(ReservationShare.reservation_id.in_(ids))
+    )
+    via_group = (
+        select(ReservationShare.reservation_id, User.unix_name)
+        .join(GroupMember, GroupMember.group_id == ReservationShare.group_id)
+        .join(User, User.id == GroupMember.user_id)
+        .where(ReservationShare.reservation_id.in_(ids))
+    )
+    shared: dict[int, set[str]] = {}
+    for rid, unix in session.execute(union_all(direct, via_group)):
+        shared.setdefault(rid, set()).add(unix)
+    for rid, names in shared.items():
+        entries[rid].shared_with = sorted(names)
+    return list(entries.values())
 
 
 def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settings: Settings, now: datetime) -> SnapshotAck:
@@ -154,14 +172,18 @@ def _store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[st
         session.execute(DeviceProcess.__table__.insert(), rows)
 
 
+def _insert_for(session: Session):
+    """The dialect's INSERT construct (both offer ON CONFLICT)."""
+    return pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+
+
 def _rollup(session: Session, snap: Snapshot, devices: dict[str, Device]) -> None:
     minute = snap.collected_at.replace(second=0, microsecond=0)
     users_by_dev: dict[str, set[str]] = {}
     for p in snap.processes:
         if p.unix_user:
             users_by_dev.setdefault(p.device_uuid, set()).add(p.unix_user)
-    dialect = session.get_bind().dialect.name
-    ins = pg_insert if dialect == "postgresql" else sqlite_insert
+    ins = _insert_for(session)
     values = []
     for rep in snap.devices:
         if rep.health != "ok" or snap.stale:
@@ -209,14 +231,14 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     """
     now = now or utcnow()
     host_service.require_same_host(host, snap.host)
-    seen = session.scalar(select(HostSnapshot.id).where(HostSnapshot.host_id == host.id, HostSnapshot.seq == snap.seq))
-    if seen is not None:
-        return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now)
-    try:
-        with session.begin_nested():
-            session.add(HostSnapshot(host_id=host.id, seq=snap.seq, collected_at=snap.collected_at, received_at=now))
-            session.flush()
-    except IntegrityError:
+    # One statement claims (host, seq): a replayed or concurrently posted seq inserts nothing.
+    ins = _insert_for(session)(HostSnapshot).values(
+        host_id=host.id, seq=snap.seq, collected_at=snap.collected_at, received_at=now
+    )
+    claimed = session.execute(
+        ins.on_conflict_do_nothing(index_elements=[HostSnapshot.host_id, HostSnapshot.seq]).returning(HostSnapshot.id)
+    ).first()
+    if claimed is None:
         return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now)
 
     devices = _upsert_devices(session, host, snap, now)

@@ -600,19 +600,3 @@ def list_reservations(
     total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
     rows = list(session.scalars(q.options(*_loaded()).order_by(Reservation.start_at, Reservation.id).limit(limit).offset(offset)))
     return rows, total
-
-
-def host_table(session: Session, *, host: Host, now: datetime, ahead: timedelta = timedelta(hours=48), behind: timedelta = timedelta(hours=6)) -> list[Reservation]:
-    """The host's reservations the agent needs: active, upcoming within ``ahead`` and ended within ``behind``."""
-    q = (
-        select(Reservation)
-        .where(
-            Reservation.host_id == host.id,
-            Reservation.status != "cancelled",
-            Reservation.end_at > now - behind,
-            Reservation.start_at < now + ahead,
-        )
-        .options(*_loaded())
-        .order_by(Reservation.start_at)
-    )
-    return list(session.scalars(q))
