@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Literal
 
 from agent.policy import Judgement, as_utc
 from agent.schema import ActionReport, FindingReport, NoticeReport
+from agent.state import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -208,28 +208,7 @@ class FindingTracker:
         )
         if text == self._last_written:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        try:
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+        atomic_write(self.path, text.encode("utf-8"))
         self._last_written = text
 
     # lifecycle ---------------------------------------------------------------------------

@@ -424,7 +424,6 @@ class NvmlSource:
     def _read(self) -> Telemetry:
         self._polls += 1
         slow_round = self._polls % self.slow_every == 1 or self.slow_every == 1
-        errs: list[str] = []
         count = self._raw("nvmlDeviceGetCount")
         devices: list[DeviceReport] = []
         procs: list[RawProcess] = []

@@ -348,6 +348,26 @@ def _replace_shares(session: Session, r: Reservation, names: Sequence[str], *, a
     )
 
 
+def resolve_owner(session: Session, *, actor: User, username: str | None, override_reason: str | None) -> User:
+    """Who a booking is for: the actor, or (admins only) ``username``.
+
+    Raises Forbidden when a member books for someone else or gives an override reason,
+    InvalidInput for an unknown or deactivated owner.
+    """
+    owner = actor
+    if username and username != actor.username:
+        if not actor.is_admin:
+            raise Forbidden("user: only admins may book for another user", field="user")
+        owner = session.scalar(select(User).where(User.username == username))
+        if owner is None:
+            raise InvalidInput(f"user: no user {username!r}", field="user")
+    if not owner.active:
+        raise InvalidInput(f"user: {owner.username!r} is deactivated", field="user")
+    if override_reason and not actor.is_admin:
+        raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
+    return owner
+
+
 def create_reservation(
     session: Session, *, actor: User, data: ReservationCreate, settings: Settings, now: datetime | None = None
 ) -> Reservation:
@@ -360,17 +380,7 @@ def create_reservation(
     from app.services import rules as rules_service
 
     now = now or utcnow()
-    owner = actor
-    if data.user and data.user != actor.username:
-        if not actor.is_admin:
-            raise Forbidden("user: only admins may book for another user", field="user")
-        owner = session.scalar(select(User).where(User.username == data.user))
-        if owner is None:
-            raise InvalidInput(f"user: no user {data.user!r}", field="user")
-    if not owner.active:
-        raise InvalidInput(f"user: {owner.username!r} is deactivated", field="user")
-    if data.override_reason and not actor.is_admin:
-        raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
+    owner = resolve_owner(session, actor=actor, username=data.user, override_reason=data.override_reason)
 
     interval = parse_interval(data, now=now)
     validate_interval(interval.start, interval.end, now=now, settings=settings)

@@ -233,18 +233,9 @@ def list_series(session: Session, *, user: str | None) -> list[ReservationSeries
 
 
 def _owner(session: Session, actor: User, data: SeriesCreate) -> User:
-    owner = actor
-    if data.user and data.user != actor.username:
-        if not actor.is_admin:
-            raise Forbidden("user: only admins may book for another user", field="user")
-        owner = session.scalar(select(User).where(User.username == data.user))
-        if owner is None:
-            raise InvalidInput(f"user: no user {data.user!r}", field="user")
-    if not owner.active:
-        raise InvalidInput(f"user: {owner.username!r} is deactivated", field="user")
-    if data.override_reason and not actor.is_admin:
-        raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
-    return owner
+    return reservation_service.resolve_owner(
+        session, actor=actor, username=data.user, override_reason=data.override_reason
+    )
 
 
 def _book(
