@@ -23,7 +23,6 @@ Run: ``.venv/bin/python bench/agent_poll.py`` (needs the ``bench`` extra: gpusta
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import time

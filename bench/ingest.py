@@ -584,7 +584,7 @@ def run_db(kind: str, args: argparse.Namespace) -> list[str]:
             out.append(sus.line())
             ms_devices, size = time_http(ports[0], "/api/v1/devices", fleet.admin_token)  # type: ignore[attr-defined]
             ms_metrics, msize = time_http(ports[0], "/metrics", None)
-        out.append(f"  server RSS peak: " + ", ".join(f"{m:.0f} MiB" for m in rss.peak)
+        out.append("  server RSS peak: " + ", ".join(f"{m:.0f} MiB" for m in rss.peak)
                    + f" (target <= {TARGET_RSS_MIB:.0f} MiB per server)")
         now = time_now_page(url)
         out.append(f"  Now page data for {now['devices']} devices: device_views {now['device_views_ms']:.0f} ms, "

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import psutil
@@ -207,7 +206,7 @@ def test_notice_reaches_the_offenders_terminal_after_the_grace_period(tmp_path, 
     assert grace <= latency <= grace + 2 * interval + 0.5
     text = c.own_notice()
     for needle in ("Message from gpuroster to nobody", c.marker, GPU,
-                   "00000000:41:00.0", "reserved by alice (reservation 7)", f"Free right now: GPU 1",
+                   "00000000:41:00.0", "reserved by alice (reservation 7)", "Free right now: GPU 1",
                    GPU_FREE, f"gpuroster reserve -n 1 --for 4h --host {HOST}", "https://roster.example/book"):
         assert needle in text, needle
     assert c.notices() == 1, c.received  # rate-limited: once, not every poll

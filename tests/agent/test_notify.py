@@ -107,7 +107,7 @@ def test_process_messages_name_gpu_process_reservation_and_fix(kind, extra, need
         now=NOW, unix_user="user-a", pid=31337, command="python train.py --lr 3e-4",
         free=[DEVICES[1]], booking_url="https://roster.lab/book", **extra,
     )
-    for needle in [f"process 31337 (python train.py --lr 3e-4) of user-a", f"GPU 0 Tesla T4 (UUID {G0}, bus 00000000:3B:00.0)",
+    for needle in ["process 31337 (python train.py --lr 3e-4) of user-a", f"GPU 0 Tesla T4 (UUID {G0}, bus 00000000:3B:00.0)",
                    "gpuroster reserve -n 1 --for 4h --host node-07", "https://roster.lab/book", *needles]:
         assert needle in text, (needle, text)
     assert "SIGTERM" not in text  # policy notify

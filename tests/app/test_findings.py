@@ -12,11 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agent.schema import ActionReport, DeviceReport, FindingReport, NoticeReport, Snapshot
 from app.db import build_engine, build_session_factory, run_in_transaction
-from app.models import AuditLog, Device, Finding, Host, Notice
+from app.models import AuditLog, Device, Finding, Notice
 from app.services import findings as svc
 from app.services import hosts as host_service
 from app.services import ingest
-from app.services import users as user_service
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 G0 = "GPU-aaaa0000-0000-0000-0000-000000000000"
