@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,7 +46,7 @@ def _require_browser() -> None:
         import playwright.sync_api  # noqa: F401
     except ImportError as e:
         missing.append(f"Playwright for Python is not installed ({e})")
-    if not CHROMIUM.exists() and not shutil.which("chromium"):
+    if not CHROMIUM.exists():
         missing.append(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     if missing:
         msg = "; ".join(missing)
