@@ -117,8 +117,16 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
 
     Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
     """
+    texts = [str(r).strip() for r in refs]
+    indices = [int(t) for t in texts if t.isdigit() and int(t) < 2**31]
     devices = list(
-        session.scalars(select(Device).where(Device.host_id == host.id, Device.retired_at.is_(None)))
+        session.scalars(
+            select(Device).where(
+                Device.host_id == host.id,
+                Device.retired_at.is_(None),
+                or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
+            )
+        )
     )
     by_uuid = {d.uuid: d for d in devices}
     by_index = {d.index: d for d in devices if d.parent_id is None and d.index is not None}
@@ -258,6 +266,11 @@ def _write_guarded(
     """Run ``mutate()`` and flush inside a savepoint; an exclusion violation (PostgreSQL
     23P01: another transaction committed an overlapping reservation meanwhile) rolls back
     just the savepoint and becomes a 409 naming the conflict."""
+    if session.get_bind().dialect.name == "sqlite":
+        # serialised by BEGIN IMMEDIATE and checked just before: no savepoint needed
+        mutate()
+        session.flush()
+        return
     try:
         with session.begin_nested():
             mutate()
