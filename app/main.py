@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 
@@ -123,6 +124,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    # The Now fragment of a large lab is ~2 MB of HTML every 5 s per open tab: compress.
+    app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 

@@ -119,13 +119,16 @@ def device_views(
                (ReservationDevice.device_id.in_(ids)) | (ReservationDevice.physical_id.in_(ids)))
         .order_by(ReservationDevice.start_at)
     ).all()
+    slices: dict[int, list[int]] = defaultdict(list)  # whole GPU id -> its MIG instances' ids
+    for d in devices:
+        if d.parent_id is not None:
+            slices[d.parent_id].append(d.id)
     by_dev: dict[int, list[Reservation]] = defaultdict(list)
     for dev_id, phys_id, kind, r in rows:
         by_dev[dev_id].append(r)
         if kind == 0:  # whole GPU: also holds its MIG instances
-            for d in devices:
-                if d.parent_id == phys_id:
-                    by_dev[d.id].append(r)
+            for slice_id in slices.get(phys_id, ()):
+                by_dev[slice_id].append(r)
     open_findings: dict[int, dict[int, str]] = defaultdict(dict)
     for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(("open", "notified")))):
         if f.pid is not None:

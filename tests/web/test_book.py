@@ -95,7 +95,7 @@ def test_check_shows_free_or_conflicts_and_next_free_time(weblab, settings):
     start = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(hours=3)
     params = {**_form(weblab, 0, when="at", start=_local(start, settings), length="2")}
     r = weblab.bob.get("/book/check", params=params, headers=HX)
-    assert r.status_code == 200 and r.headers["vary"] == "HX-Request"
+    assert r.status_code == 200 and "HX-Request" in r.headers["vary"]
     assert "<html" not in r.text and "<strong>Free.</strong> GPU 0: no reservation" in r.text
     assert weblab.alice.post("/book", _form(weblab, 0, when="at", start=_local(start + timedelta(hours=1), settings))).status_code == 303
     r = weblab.bob.get("/book/check", params=params, headers=HX)
@@ -132,7 +132,7 @@ def test_book_page_is_prefilled_from_the_query(weblab):
 def test_device_list_fragment_for_a_host(weblab):
     r = weblab.alice.get("/book", params={"host": "node-01"}, headers=HX)
     assert "<html" not in r.text and r.text.count('name="devices"') == 4
-    assert r.headers["vary"] == "HX-Request"
+    assert "HX-Request" in r.headers["vary"]
 
 
 def test_count_mode_offered_when_placement_is_installed(weblab, session_factory):

@@ -80,11 +80,11 @@ def replayed(weblab, client, make_host, tmp_path, session_factory):
 def test_fragment_is_only_the_hosts_block_and_varies_on_hx_request(weblab, replayed):
     r = weblab.alice.get("/", headers=HX)
     assert r.status_code == 200
-    assert r.headers["vary"] == "HX-Request"
+    assert "HX-Request" in r.headers["vary"]
     assert "<html" not in r.text and "<nav" not in r.text and 'id="hosts"' not in r.text
     assert "k80-replay" in r.text and "node-01" in r.text
     full = weblab.alice.get("/")
-    assert full.headers["vary"] == "HX-Request"
+    assert "HX-Request" in full.headers["vary"]
     assert "<html" in full.text and 'hx-get="/"' in full.text
     assert "hx-trigger=\"every 5s [document.visibilityState === 'visible']\"" in full.text
 
