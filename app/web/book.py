@@ -25,6 +25,7 @@ from starlette.datastructures import FormData, QueryParams
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.config import Settings
 from app.errors import AppError, InvalidInput, ReservationConflict
+from app.services import metrics as metrics_service
 from app.models import Device, Host, Reservation, utcnow
 from app.schemas.reservation import ReservationCreate
 from app.services import devices as device_service
@@ -286,6 +287,10 @@ def book(request: Request, viewer: FormViewer, session: WriteSessionDep, setting
             conflicts = conflict_lines(e.extra.get("conflicts", []), device_names(host_devices))
             free_text = e.extra.get("earliest_free_start")
             free = datetime.fromisoformat(free_text) if free_text else None
+            # counted like the API's 409s (gpuroster_conflicts_total); committed with the page's session
+            metrics_service.record_conflict(
+                session, path=request.url.path, conflicts=[c["id"] for c in e.extra.get("conflicts", [])], detail=e.detail
+            )
             error = "the devices are already reserved in that interval"
             error_field = "devices"
         ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from sqlalchemy import func, select
 
 from app.models import AuditLog, Reservation, ReservationDevice
 from tests.web.conftest import count
@@ -60,6 +61,8 @@ def test_same_slot_again_names_the_conflicting_reservation(weblab, session_facto
     assert count(session_factory, Reservation) == 1
     assert count(session_factory, ReservationDevice) == 2
     assert 'value="' + weblab.devices[2] + '" checked' in r.text  # the form keeps what bob chose
+    with session_factory() as s:  # the refusal counts in /metrics like an API 409
+        assert s.scalar(select(func.count()).select_from(AuditLog).where(AuditLog.action == "reservation.conflict")) == 1
 
 
 @pytest.mark.parametrize(
