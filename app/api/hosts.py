@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep
-from app.models import AuditLog, utcnow
+from app.models import utcnow
 from app.schemas.host import DeviceRead, DeviceUpdate, HostCreate, HostCreated, HostRead, HostUpdate
 from app.services import devices as device_service
 from app.services import hosts as host_service
@@ -37,12 +37,7 @@ def get_host(name: str, user: CurrentUser, session: SessionDep) -> HostRead:
 @router.patch("/hosts/{name}", response_model=HostRead)
 def update_host(name: str, data: HostUpdate, admin: AdminUser, session: WriteSessionDep) -> HostRead:
     """Admins set the enforcement policy, grace, exempt lists; recorded in the audit log."""
-    host = host_service.get_host(session, name)
-    changes = data.model_dump(exclude_unset=True)
-    for k, v in changes.items():
-        setattr(host, k, v)
-    session.add(AuditLog(actor=f"user:{admin.username}", action="host.update", target=f"host:{name}", detail=changes))
-    session.flush()
+    host_service.update_host(session, actor=admin, name=name, changes=data.model_dump(exclude_unset=True))
     return device_service.get_host_read(session, name=name, now=utcnow())
 
 

@@ -6,10 +6,9 @@ from fastapi import APIRouter, Response
 from sqlalchemy import select
 
 from app.api.deps import AdminUser, CurrentUser, PageDep, RowId, SessionDep, WriteSessionDep, WriteUser
-from app.errors import Conflict, Forbidden
-from app.models import ApiToken, AuditLog, User
+from app.errors import Forbidden
+from app.models import ApiToken, User
 from app.schemas.user import TokenCreate, TokenCreated, TokenRead, UserCreate, UserRead, UserUpdate
-from app.security import hash_password
 from app.services import users as user_service
 
 router = APIRouter(tags=["users"])
@@ -52,24 +51,12 @@ def create_user(data: UserCreate, admin: AdminUser, session: WriteSessionDep) ->
 @router.patch("/users/{username}", response_model=UserRead)
 def update_user(username: str, data: UserUpdate, admin: AdminUser, session: WriteSessionDep) -> UserRead:
     """Admins change a user's role, Unix name, e-mail, password, or deactivate them."""
-    u = user_service.get_user(session, username)
-    changes = data.model_dump(exclude_unset=True)
-    if "unix_name" in changes and changes["unix_name"] is not None:
-        user_service.validate_name(changes["unix_name"], field="unix_name")
-        clash = session.scalar(select(User.id).where(User.unix_name == changes["unix_name"], User.id != u.id))
-        if clash is not None:
-            raise Conflict(f"unix_name: {changes['unix_name']!r} is already taken", field="unix_name")
-    if u.id == admin.id and (changes.get("active") is False or changes.get("role") == "member"):
-        raise Forbidden("admins cannot deactivate or demote themselves")
-    pw = changes.pop("password", None)
-    if pw:
-        u.password_hash = hash_password(pw)
-    for k, v in changes.items():
-        if v is not None or k in ("email", "display_name"):
-            setattr(u, k, v)
-    session.add(AuditLog(actor=f"user:{admin.username}", action="user.update", target=f"user:{username}",
-                         detail={k: v for k, v in changes.items()} | ({"password": "changed"} if pw else {})))
-    session.flush()
+    given = data.model_dump(exclude_unset=True)
+    optional = {k: given[k] for k in ("email", "display_name") if k in given}
+    u = user_service.update_user(
+        session, actor=admin, username=username, role=given.get("role"), unix_name=given.get("unix_name"),
+        active=given.get("active"), password=given.get("password"), **optional,
+    )
     return _user_read(session, u)
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import secrets
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from app.models import AuditLog, Host
+from app.models import AuditLog, Host, User
 from app.security import HOST_TOKEN_PREFIX, new_token, token_hash
 
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -34,6 +35,18 @@ def rotate_host_token(session: Session, *, host: Host, actor: str) -> str:
     host.token_hash = token_hash(plain)
     session.add(AuditLog(actor=actor, action="host.rotate_token", target=f"host:{host.name}"))
     return plain
+
+
+def update_host(session: Session, *, actor: User, name: str, changes: dict[str, Any]) -> Host:
+    """Set a host's enforcement settings (``changes``: fields of ``HostUpdate`` that were
+    given: policy, grace, kill timeout, notice interval, min uid, exempt lists, idle
+    minutes); audit-logged. Raises NotFound."""
+    host = get_host(session, name)
+    for k, v in changes.items():
+        setattr(host, k, v)
+    session.add(AuditLog(actor=f"user:{actor.username}", action="host.update", target=f"host:{name}", detail=changes))
+    session.flush()
+    return host
 
 
 def get_host(session: Session, name: str) -> Host:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from app.models import ApiToken, AuditLog, Group, GroupMember, User, utcnow
 from app.security import API_TOKEN_PREFIX, hash_password, new_token, token_hash
 
@@ -62,6 +62,59 @@ def create_user(
     session.flush()
     session.add(AuditLog(actor=actor, action="user.create", target=f"user:{username}", detail={"admin": admin}))
     return user
+
+
+_UNSET: object = object()
+
+
+def update_user(
+    session: Session,
+    *,
+    actor: User,
+    username: str,
+    role: str | None = None,
+    unix_name: str | None = None,
+    active: bool | None = None,
+    email: str | None | object = _UNSET,
+    display_name: str | None | object = _UNSET,
+    password: str | None = None,
+) -> User:
+    """Admin change of a user: role, Unix name (unique), active flag, e-mail, display name,
+    password. ``None`` leaves a field alone (e-mail and display name: pass ``None`` to clear).
+    Admins cannot demote or deactivate themselves. Audit-logged (the password as "changed").
+    Raises NotFound, InvalidInput, Conflict (Unix name taken), Forbidden.
+    """
+    u = get_user(session, username)
+    changes: dict[str, object] = {}
+    if role is not None:
+        if role not in ("member", "admin"):
+            raise InvalidInput("role: 'member' or 'admin'", field="role")
+        changes["role"] = role
+    if unix_name is not None and unix_name != u.unix_name:
+        validate_name(unix_name, field="unix_name")
+        if session.scalar(select(User.id).where(User.unix_name == unix_name, User.id != u.id)) is not None:
+            raise Conflict(f"unix_name: {unix_name!r} is already taken", field="unix_name")
+        changes["unix_name"] = unix_name
+    if active is not None:
+        changes["active"] = active
+    if email is not _UNSET:
+        if email is not None and "@" not in str(email):
+            raise InvalidInput("email: not an e-mail address", field="email")
+        changes["email"] = email
+    if display_name is not _UNSET:
+        changes["display_name"] = display_name
+    if password is not None and len(password) < MIN_PASSWORD:
+        raise InvalidInput(f"password: at least {MIN_PASSWORD} characters", field="password")
+    if u.id == actor.id and (changes.get("active") is False or changes.get("role") == "member"):
+        raise Forbidden("admins cannot deactivate or demote themselves")
+    for k, v in changes.items():
+        setattr(u, k, v)
+    if password is not None:
+        u.password_hash = hash_password(password)
+    detail = dict(changes) | ({"password": "changed"} if password is not None else {})
+    session.add(AuditLog(actor=f"user:{actor.username}", action="user.update", target=f"user:{username}", detail=detail))
+    session.flush()
+    return u
 
 
 def get_user(session: Session, username: str) -> User:

@@ -2,10 +2,9 @@
 
 Users are created with :func:`app.services.users.create_user`, groups with
 :mod:`app.services.groups`, hosts with :func:`app.services.hosts.create_host`, devices
-retired with :func:`app.services.devices.update_device`: the services the JSON API uses.
-Changing a user (role, Unix name, active) and a host's policy is written inline in the
-API's routers; :func:`update_user` and :func:`update_host` apply the same rules here
-(same checks, same audit entries) until those move into the services.
+retired with :func:`app.services.devices.update_device`, users changed with
+:func:`app.services.users.update_user` and hosts' policies with
+:func:`app.services.hosts.update_host`: the services the JSON API uses.
 
 A new host's token is shown once in the response to the form post (``no-store``), since
 only its hash is kept; see :mod:`app.web.profile`.
@@ -22,8 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from app.api.deps import SessionDep, WriteSessionDep
-from app.errors import AppError, Conflict, Forbidden, InvalidInput
-from app.models import AuditLog, Device, Host, User, utcnow
+from app.errors import AppError, InvalidInput
+from app.models import Device, User, utcnow
 from app.schemas.host import HostUpdate
 from app.services import devices as device_service
 from app.services import groups as group_service
@@ -45,44 +44,6 @@ DONE = {
 def _names(value: str) -> list[str]:
     """Comma- or whitespace-separated names, without empties or repeats."""
     return list(dict.fromkeys(n for n in value.replace(",", " ").split() if n))
-
-
-def update_user(session: Session, *, actor: User, username: str, role: str | None = None,
-                unix_name: str | None = None, active: bool | None = None) -> User:
-    """Change a user's role, Unix name or active flag (the API's rules: unique Unix name,
-    no self-demotion or self-deactivation); audit-logged. Raises InvalidInput, Conflict,
-    Forbidden, NotFound."""
-    u = user_service.get_user(session, username)
-    changes: dict[str, Any] = {}
-    if role is not None:
-        if role not in ("member", "admin"):
-            raise InvalidInput("role: 'member' or 'admin'", field="role")
-        changes["role"] = role
-    if unix_name is not None and unix_name != u.unix_name:
-        user_service.validate_name(unix_name, field="unix_name")
-        if session.scalar(select(User.id).where(User.unix_name == unix_name, User.id != u.id)) is not None:
-            raise Conflict(f"unix_name: {unix_name!r} is already taken", field="unix_name")
-        changes["unix_name"] = unix_name
-    if active is not None:
-        changes["active"] = active
-    if u.id == actor.id and (changes.get("active") is False or changes.get("role") == "member"):
-        raise Forbidden("admins cannot deactivate or demote themselves")
-    for k, v in changes.items():
-        setattr(u, k, v)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="user.update", target=f"user:{username}", detail=changes))
-    session.flush()
-    return u
-
-
-def update_host(session: Session, *, actor: User, name: str, data: HostUpdate) -> Host:
-    """Set a host's enforcement settings (any subset of :class:`HostUpdate`); audit-logged."""
-    host = host_service.get_host(session, name)
-    changes = data.model_dump(exclude_unset=True)
-    for k, v in changes.items():
-        setattr(host, k, v)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="host.update", target=f"host:{name}", detail=changes))
-    session.flush()
-    return host
 
 
 def admin_context(session: Session, *, viewer: Viewer, **extra: Any) -> dict[str, Any]:
@@ -142,7 +103,7 @@ def change_user(
     """Change a user's role and Unix name, or (``active``) deactivate or reactivate them."""
     active = form_str(form, "active")
     try:
-        update_user(
+        user_service.update_user(
             session, actor=viewer.user, username=username, role=form_str(form, "role") or None,
             unix_name=form_str(form, "unix_name") or None, active={"1": True, "0": False}.get(active),
         )
@@ -222,7 +183,9 @@ def _host_update(form) -> HostUpdate:
 def change_host(request: Request, name: str, viewer: AdminFormViewer, session: WriteSessionDep, form: FormBody) -> Response:
     """Set the host's policy, grace period and exempt lists."""
     try:
-        update_host(session, actor=viewer.user, name=name, data=_host_update(form))
+        host_service.update_host(
+            session, actor=viewer.user, name=name, changes=_host_update(form).model_dump(exclude_unset=True)
+        )
     except AppError as e:
         return _failed(request, session, viewer, e, "hosts")
     return _done("host-changed", "hosts")
