@@ -88,14 +88,15 @@ class NamespaceCheck:
     warnings: list[str]
 
 
-def check_environment(proc: Path = Path("/proc")) -> NamespaceCheck:
+def check_environment(proc: Path = Path("/proc"), *, euid: int | None = None) -> NamespaceCheck:
     """Compare ``/proc/self/ns/pid`` with ``/proc/1/ns/pid`` and look for ``hidepid`` (B05, B13).
 
     ``host_pid_ns`` is ``None`` when it cannot be told (``/proc/1/ns/pid`` unreadable without
-    root); it is then ``False`` only if pid 1 looks like a container init.
+    root); it is then ``False`` only if pid 1 looks like a container init. ``euid``: the
+    agent's effective uid (default ``os.geteuid()``).
     """
     warnings: list[str] = []
-    is_root = os.geteuid() == 0
+    is_root = (os.geteuid() if euid is None else euid) == 0
     host: bool | None
     try:
         host = os.readlink(proc / "self/ns/pid") == os.readlink(proc / "1/ns/pid")

@@ -133,10 +133,9 @@ def test_b05_unreadable_init_namespace_falls_back_to_init_name(tmp_path):
     assert check_environment(proc2).host_pid_ns is True
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can read hidepid /proc; the warning is for unprivileged agents")
-def test_b13_hidepid_start_up_warning(tmp_path):
+def test_b13_hidepid_start_up_warning_for_an_unprivileged_agent(tmp_path):
     proc = _fake_proc(tmp_path, self_ns="pid:[1]", init_ns="pid:[1]", mounts="proc /proc proc rw,nosuid,hidepid=2 0 0\n")
-    env = check_environment(proc)
+    env = check_environment(proc, euid=1000)
     assert env.hidepid is True
     assert any("hidepid" in w and "root" in w for w in env.warnings)
 
