@@ -129,6 +129,8 @@ def device_views(
         if kind == 0:  # whole GPU: also holds its MIG instances
             for slice_id in slices.get(phys_id, ()):
                 by_dev[slice_id].append(r)
+        elif r not in by_dev[phys_id]:  # a MIG instance's holder also keeps the whole GPU from being free
+            by_dev[phys_id].append(r)
     open_findings: dict[int, dict[int, str]] = defaultdict(dict)
     for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(("open", "notified")))):
         if f.pid is not None:

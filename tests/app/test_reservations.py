@@ -180,3 +180,16 @@ def test_plain_listings_are_paginated_with_a_capped_page_size(client, lab):
     r = client.get("/api/v1/users", params={"limit": 1}, headers=lab.alice.headers)
     assert len(r.json()) == 1 and r.headers["x-total-count"] == "3"  # boss, alice, bob
     assert r.json()[0]["email"] is None  # e-mail addresses only for admins
+
+
+def test_b07_whole_gpu_with_a_reserved_mig_slice_is_not_shown_free(client, lab, make_host):
+    h = make_host("mig-02")
+    parent = "GPU-6e6e6e6e-0000-0000-0000-000000000000"
+    devs = [gpu(parent, 0, "NVIDIA A100-SXM4-80GB", mig_mode=True),
+            {"uuid": "MIG-6e000003-0000-0000-0000-000000000000", "parent_uuid": parent, "gpu_instance_id": 3,
+             "compute_instance_id": 0, "mig_profile": "2g.20gb"}]
+    assert client.post("/api/v1/agent/snapshots", json=snapshot_body("mig-02", 1, devs), headers=h.headers).status_code == 200
+    assert book(client, lab.alice, [devs[1]["uuid"]], "now", host="mig-02", duration="PT2H").status_code == 201
+    listed = {d["uuid"]: d for d in client.get("/api/v1/devices", params={"host": "mig-02"}, headers=lab.bob.headers).json()}
+    assert listed[parent]["holder"]["user"] == "alice" and listed[parent]["status"] == "reserved-idle"
+    assert book(client, lab.bob, [parent], "now", host="mig-02", duration="PT1H").status_code == 409
