@@ -4,7 +4,8 @@ Seeds a temporary SQLite database through the services (hosts registered, one ag
 snapshot ingested per host with 8 devices and 3 processes per device, a finding on every
 tenth host, reservations holding about a third of the devices and upcoming ones on
 another sixth), signs a user in, then times requests through the application in-process
-(ASGI, no network): the full page ``GET /`` and the htmx fragment (``HX-Request: true``,
+(ASGI, no network): the full grid ``GET /?all=1``, the default view ``GET /`` (the first 25
+hosts), and their htmx fragments (``HX-Request: true``,
 the ``hosts`` block the page polls every 5 s). Figures are machine-dependent and only
 printed, never asserted.
 
@@ -97,11 +98,11 @@ def seed(factory, settings: Settings, *, hosts: int, n_devices: int) -> str:
     return signed.cookie_value
 
 
-def timed(client: TestClient, headers: dict[str, str], n: int) -> tuple[list[float], int]:
+def timed(client: TestClient, headers: dict[str, str], n: int, url: str = "/") -> tuple[list[float], int]:
     times, size = [], 0
     for _ in range(n):
         t0 = time.perf_counter()
-        r = client.get("/", headers=headers)
+        r = client.get(url, headers=headers)
         times.append((time.perf_counter() - t0) * 1000)
         assert r.status_code == 200, r.status_code
         size = len(r.content)
@@ -130,12 +131,20 @@ def main() -> None:
             seeded = time.perf_counter() - t0
             client.cookies.set(web_sessions.SESSION_COOKIE, cookie)
             timed(client, {}, 2)  # warm-up: template compilation, connection pool
-            full, full_size = timed(client, {}, args.renders)
-            frag, frag_size = timed(client, {"HX-Request": "true"}, args.renders)
+            full, full_size = timed(client, {}, args.renders, "/?all=1")
+            frag, frag_size = timed(client, {"HX-Request": "true"}, args.renders, "/?all=1")
+            default, default_size = timed(client, {}, args.renders)
+            default_frag, default_frag_size = timed(client, {"HX-Request": "true"}, args.renders)
     n_dev = args.hosts * args.devices
     print(f"render Now: {args.hosts} hosts x {args.devices} devices = {n_dev} devices, "
           f"{n_dev * PROCS_PER_DEVICE} processes, SQLite (seeded in {seeded:.1f} s), {args.renders} renders each")
-    for label, values, size in (("full page   GET /", full, full_size), ("fragment    GET / (HX-Request)", frag, frag_size)):
+    rows = (
+        ("full grid   GET /?all=1", full, full_size),
+        ("fragment    GET /?all=1 (htmx)", frag, frag_size),
+        ("default     GET / (25 hosts)", default, default_size),
+        ("fragment    GET / (htmx)", default_frag, default_frag_size),
+    )
+    for label, values, size in rows:
         print(f"  {label:32s} p50 {pct(values, 50):7.1f} ms   p99 {pct(values, 99):7.1f} ms   "
               f"min {min(values):7.1f} ms   {size / 1024:.0f} KiB")
 

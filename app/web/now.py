@@ -6,7 +6,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
@@ -71,21 +73,42 @@ def device_label(view: DeviceView, parents: dict[int, DeviceView]) -> str:
     return str(d.index) if d.index is not None else "?"
 
 
-def now_view(session: Session, *, now: datetime) -> list[HostCard]:
-    """Every host with its non-retired devices, their telemetry, processes and holders."""
+HOSTS_PER_PAGE = 25
+
+
+def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int | None = None) -> tuple[list[HostCard], int]:
+    """The hosts of page ``page_no`` (``per_page`` hosts, ``None``: all) with their non-retired
+    devices, telemetry, processes and holders; and the number of pages."""
     hosts = device_service.list_hosts(session, now=now)
-    views = device_service.device_views(session, now=now)
+    pages = 1 if not per_page else max(1, -(-len(hosts) // per_page))
+    if per_page:
+        page_no = min(max(page_no, 1), pages)
+        hosts = hosts[(page_no - 1) * per_page : page_no * per_page]
+        views = device_service.device_views(session, now=now, host_names=[h.name for h in hosts]) if hosts else []
+    else:
+        views = device_service.device_views(session, now=now)
     by_id = {v.device.id: v for v in views}
     per_host: dict[str, list[DeviceRow]] = defaultdict(list)
     for v in views:
         per_host[v.host.name].append(DeviceRow(view=v, label=device_label(v, by_id), badge=DEVICE_BADGES.get(v.status, v.status)))
-    return [HostCard(host=h, badge=HOST_BADGES.get(h.status, h.status), devices=per_host.get(h.name, [])) for h in hosts]
+    cards = [HostCard(host=h, badge=HOST_BADGES.get(h.status, h.status), devices=per_host.get(h.name, [])) for h in hosts]
+    return cards, pages
 
 
 @router.get("/")
-def now_page(request: Request, viewer: PageViewer, session: SessionDep) -> Response:
-    """Who holds what right now; htmx polls this URL for the ``hosts`` block."""
+def now_page(
+    request: Request,
+    viewer: PageViewer,
+    session: SessionDep,
+    page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1,
+    show_all: Annotated[bool, Query(alias="all")] = False,
+) -> Response:
+    """Who holds what right now, 25 hosts a page (``?page=N``; ``?all=1`` for every host);
+    htmx polls the same URL for the ``hosts`` block."""
     now = utcnow()
-    cards = now_view(session, now=now)
-    ctx = {"viewer": viewer, "active": "now", "cards": cards, "now": now, "refresh": REFRESH_SECONDS}
+    cards, pages = now_view(session, now=now, page_no=page_no, per_page=None if show_all else HOSTS_PER_PAGE)
+    page_no = min(page_no, pages)
+    poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
+    ctx = {"viewer": viewer, "active": "now", "cards": cards, "now": now, "refresh": REFRESH_SECONDS,
+           "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url}
     return page(request, "now.html", ctx, block="hosts")

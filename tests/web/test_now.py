@@ -156,3 +156,18 @@ def test_times_are_in_lab_zone_with_utc_on_hover(weblab, replayed, settings):
     end = datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
     assert m.group(2) == end.strftime("%Y-%m-%d %H:%M")
     assert end.astimezone(settings.tz).strftime("%H:%M") in m.group(3)
+
+
+def test_now_shows_25_hosts_a_page_with_links_and_all_on_request(weblab, client, make_host):
+    for i in range(30):
+        h = make_host(f"rack-{i:02d}")
+        body = snapshot_body(f"rack-{i:02d}", 1, [gpu(f"GPU-{i:04d}0000-page-0000-0000-000000000000", 0)])
+        assert client.post("/api/v1/agent/snapshots", json=body, headers=h.headers).status_code == 200
+    first = weblab.alice.get("/")
+    assert "Page 1 of 2" in first.text and 'href="/?page=2"' in first.text and 'hx-get="/"' in first.text
+    assert first.text.count('class="card host"') == 25 and "rack-23" in first.text and "rack-24" not in first.text
+    second = weblab.alice.get("/?page=2", headers=HX)  # the fragment the second page polls
+    assert second.text.count('class="card host"') == 6 and "rack-24" in second.text and "node-01" not in second.text
+    every = weblab.alice.get("/?all=1")
+    assert every.text.count('class="card host"') == 31 and 'hx-get="/?all=1"' in every.text
+    assert weblab.alice.get("/?page=99").text.count('class="card host"') == 6  # past the end: the last page
