@@ -9,8 +9,10 @@ skip with a loud reason on a laptop and fail under CI (``CI=true``).
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -223,3 +225,29 @@ def future(hours: float = 24, *, base: datetime | None = None) -> datetime:
     """An instant ``hours`` from now (UTC), minute-aligned."""
     t = (base or datetime.now(UTC)) + timedelta(hours=hours)
     return t.replace(second=0, microsecond=0)
+
+
+@contextmanager
+def process_timezone(name: str) -> Iterator[str]:
+    """Run with the process time zone ``TZ=name`` (restored afterwards): results must not depend on it."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = name
+    time.tzset()
+    try:
+        yield name
+    finally:
+        if old is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+def book(client, actor, devices, start, end=None, *, host="node-01", **extra):
+    """POST /api/v1/reservations; ``start``/``end`` may be datetimes or strings (default length 1 h)."""
+    body = {"host": host, "devices": devices, "start": start.isoformat() if isinstance(start, datetime) else start, **extra}
+    if end is not None:
+        body["end"] = end.isoformat() if isinstance(end, datetime) else end
+    elif "duration" not in extra:
+        body["duration"] = "PT1H"
+    return client.post("/api/v1/reservations", json=body, headers=actor.headers)

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from tests.conftest import future, gpu, snapshot_body
-
-
-def book(client, actor, devices, start, end=None, *, host="node-01", **extra):
-    body = {"host": host, "devices": devices, "start": start.isoformat() if isinstance(start, datetime) else start, **extra}
-    if end is not None:
-        body["end"] = end.isoformat() if isinstance(end, datetime) else end
-    elif "duration" not in extra:
-        body["duration"] = "PT1H"
-    return client.post("/api/v1/reservations", json=body, headers=actor.headers)
+from tests.conftest import book, future, gpu, snapshot_body
 
 
 def test_booking_returns_devices_state_and_cuda_visible_devices(client, lab):

@@ -1,20 +1,11 @@
-"""Helpers for the rules tests: booking over the API and rule set-up."""
+"""Helpers for the rules tests: rule set-up (booking over the API is ``tests.conftest.book``)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 
 from sqlalchemy import select
 
-
-def book(client, actor, devices, start, end=None, *, host="node-01", **extra):
-    """POST /api/v1/reservations; ``start``/``end`` may be datetimes or strings."""
-    body = {"host": host, "devices": devices, "start": start.isoformat() if isinstance(start, datetime) else start, **extra}
-    if end is not None:
-        body["end"] = end.isoformat() if isinstance(end, datetime) else end
-    elif "duration" not in extra:
-        body["duration"] = "PT1H"
-    return client.post("/api/v1/reservations", json=body, headers=actor.headers)
+from tests.conftest import book  # noqa: F401  (re-exported for the rules tests)
 
 
 def rule(client, admin, **body):

@@ -6,8 +6,6 @@ can be used as they are, on both databases and under several process time zones.
 
 from __future__ import annotations
 
-import os
-import time
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -20,6 +18,7 @@ from app.models import User
 from app.schemas.reservation import ReservationCreate
 from app.services import reservations as reservation_service
 from app.services import rules as rules_service
+from tests.conftest import process_timezone
 from tests.rules.helpers import rule
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -28,15 +27,8 @@ BERLIN = ZoneInfo("Europe/Berlin")
 @pytest.fixture(params=["UTC", "America/Los_Angeles", "Asia/Tokyo"])
 def process_tz(request):
     """The process time zone must not matter (B24)."""
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = request.param
-    time.tzset()
-    yield request.param
-    if old is None:
-        os.environ.pop("TZ", None)
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
+    with process_timezone(request.param):
+        yield request.param
 
 
 def _book(session_factory, settings, who, devices, start, end, *, now, tz="Europe/Berlin"):

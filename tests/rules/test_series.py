@@ -4,8 +4,6 @@ rules per occurrence, preview == stored, cancelling one occurrence or the series
 
 from __future__ import annotations
 
-import os
-import time
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -19,6 +17,7 @@ from app.schemas.reservation import ReservationCreate
 from app.schemas.series import SeriesCreate
 from app.services import reservations as reservation_service
 from app.services import series as series_service
+from tests.conftest import process_timezone
 from tests.rules.helpers import book, rule
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -50,15 +49,8 @@ def _starts(read):
 
 @pytest.fixture(params=["America/Los_Angeles", "Asia/Tokyo"])
 def client_tz(request):
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = request.param
-    time.tzset()
-    yield request.param
-    if old is None:
-        os.environ.pop("TZ", None)
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
+    with process_timezone(request.param):
+        yield request.param
 
 
 # ---------------------------------------------------------------------------- B26
