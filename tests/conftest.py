@@ -24,8 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 PG_SERVER = os.environ.get("GPUROSTER_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO / ".." / "shared").resolve()
-CORPUS = SHARED / "corpus" / "nvidia-smi"
+CORPUS = REPO / "tests" / "data" / "corpus"
 
 
 def _pg_admin_url() -> str:

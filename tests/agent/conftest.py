@@ -1,4 +1,4 @@
-"""Fixtures for the agent tests: the shared corpus, a fake-NVML snapshot helper."""
+"""Fixtures for the agent tests: the capture corpus, a fake-NVML snapshot helper."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from agent.telemetry import reset_warnings
 from tests.agent.fake_nvml import FakeNVML, FakeOwner, FakeProcessTable
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = (REPO / ".." / "shared" / "corpus" / "nvidia-smi").resolve()
+CORPUS = REPO / "tests" / "data" / "corpus"
 CORPUS_XML = sorted(CORPUS.glob("*.xml"))
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 
@@ -55,5 +55,5 @@ def _fresh_log_once() -> None:
 @pytest.fixture(scope="session")
 def corpus_files() -> list[Path]:
     if not CORPUS_XML:
-        pytest.fail(f"no nvidia-smi captures under {CORPUS}: CI must check out shared/ next to the repo")
+        pytest.fail(f"no nvidia-smi captures under {CORPUS}: see tests/data/corpus/SOURCES.md")
     return CORPUS_XML

@@ -1,4 +1,4 @@
-"""The replay source against every real capture of the shared corpus.
+"""The replay source against every real capture of the corpus (tests/data/corpus).
 
 Expected values are read from each file here, independently of the parser under test,
 with ``xml.etree`` and a few regexes.
