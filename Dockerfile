@@ -1,4 +1,11 @@
 # gpuroster: the service (and the agent, same image). See docker-compose.yml and docs/deploy.md.
+# Stage 1 builds the wheel; stage 2 installs it with the [server] extra, as a user would.
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY . /src
+RUN pip wheel --no-deps --wheel-dir /dist /src
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -6,23 +13,23 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /app
-
-# Dependencies first (their layer is reused until pyproject.toml changes).
-COPY pyproject.toml /app/
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+# Dependencies first (their layer is reused until pyproject.toml changes): the base (agent)
+# dependencies and the [server] extra.
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['server']))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+    && rm /tmp/requirements.txt /tmp/pyproject.toml
 
-# The application. It runs from /app (templates/, static/, migrations/ and alembic.ini are
-# read relative to the source tree), hence the editable install.
-COPY . /app
-RUN pip install --no-deps -e /app \
-    && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin gpuroster \
+# The application: the wheel (templates, static files, migrations and alembic.ini inside it).
+COPY --from=build /dist /dist
+RUN pip install "$(ls /dist/gpuroster-*.whl)[server]" \
+    && rm -rf /dist \
+    && useradd --system --uid 10001 --home-dir /var/lib/gpuroster --shell /usr/sbin/nologin gpuroster \
     && mkdir -p /var/lib/gpuroster \
     && chown gpuroster /var/lib/gpuroster
 
 ENV GPUROSTER_DATA_DIR=/var/lib/gpuroster
+WORKDIR /var/lib/gpuroster
 USER gpuroster
 EXPOSE 8000
 

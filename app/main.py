@@ -19,8 +19,7 @@ from app.errors import PayloadTooLarge, install_error_handlers, problem_response
 
 log = logging.getLogger("gpuroster")
 
-ROOT = Path(__file__).resolve().parent.parent
-STATIC_DIR = ROOT / "static"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 class BodySizeLimit:

@@ -10,13 +10,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent  # alembic.ini and migrations/ ship inside the package
 
 
 def alembic_config(url: str | None = None) -> Config:
-    """Alembic config for this repository's ``migrations/``; ``url`` overrides the settings' URL."""
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    """Alembic config for the package's ``app/migrations/``; ``url`` overrides the settings' URL."""
+    cfg = Config(str(HERE / "alembic.ini"))
+    cfg.set_main_option("script_location", str(HERE / "migrations"))
     if url:
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg

@@ -1,4 +1,4 @@
-"""The web UI: server-rendered pages (``templates/``) with htmx fragments.
+"""The web UI: server-rendered pages (``app/templates/``) with htmx fragments.
 
 :func:`install` is called by :func:`app.main.create_app`: it adds the page routers, lets
 the JSON API accept the browser session (``app.state.cookie_user_resolver``), and wraps

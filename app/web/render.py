@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from app.timeutil import fmt_duration
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
 NA = "n/a"
 
 

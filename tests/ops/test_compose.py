@@ -126,11 +126,12 @@ def test_services_have_what_the_deployment_needs(raw):
 
 def test_dockerfile_copies_what_exists_and_runs_the_console_scripts():
     text = (REPO / "Dockerfile").read_text()
-    assert "COPY pyproject.toml" in text and "pip install --no-deps -e /app" in text
+    assert "pip wheel --no-deps" in text and 'pip install "$(ls /dist/gpuroster-*.whl)[server]"' in text
+    assert " -e " not in text, "the image installs the wheel, not the source tree"
     scripts = set(re.findall(r'^(\S+)\s*=\s*"', (REPO / "pyproject.toml").read_text().split("[project.scripts]")[1], re.M))
     assert {"gpuroster", "gpuroster-agent"} <= scripts
     ignored = (REPO / ".dockerignore").read_text().split()
-    for needed in ("app", "agent", "migrations", "templates", "alembic.ini", "pyproject.toml"):
+    for needed in ("app", "agent", "app/migrations", "app/templates", "app/alembic.ini", "pyproject.toml"):
         assert (REPO / needed).exists() and needed not in ignored
     assert ".env" in ignored and "/secrets" in ignored, "secrets never enter the build context"
 
