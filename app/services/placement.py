@@ -37,7 +37,7 @@ from app.models import Device, DeviceProcess, DeviceTelemetry, Host, Reservation
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import hosts as host_service
 from app.services import rules as rules_service
-from app.services.reservations import Interval
+from app.services.intervals import Interval
 
 BUSY_MEMORY_MIB = 1024.0
 BUSY_UTILIZATION_PCT = 10.0

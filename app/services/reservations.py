@@ -33,10 +33,12 @@ from app.models import (
 )
 from app.schemas.reservation import ConflictRef, DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import hosts as host_service
+from app.services import placement
+from app.services import rules as rules_service
+from app.services.intervals import parse_interval, validate_interval
 from app.timeutil import parse_instant
 
 # Slack for "past" checks: a request that says "start now" may arrive a little late.
-PAST_SLACK = timedelta(seconds=60)
 
 
 def reservation_state(r: Reservation, now: datetime) -> str:
@@ -285,40 +287,6 @@ def _write_guarded(
 # ---------------------------------------------------------------------------- create / change
 
 
-@dataclass(frozen=True)
-class Interval:
-    start: datetime
-    end: datetime
-
-
-def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
-    """``[start, end)`` in UTC from a create request; raises InvalidInput naming the field."""
-    if data.start.strip().lower() == "asap":
-        start = now
-    else:
-        start = parse_instant(data.start, tz=data.tz, field="start", now=now)
-    if data.end is not None:
-        end = parse_instant(data.end, tz=data.tz, field="end", now=now)
-    else:
-        assert data.duration is not None
-        if data.duration <= timedelta(0):
-            raise InvalidInput("duration: must be positive", field="duration")
-        end = start + data.duration
-    return Interval(start, end)
-
-
-def validate_interval(start: datetime, end: datetime, *, now: datetime, settings: Settings, field: str = "end") -> None:
-    """Refuse zero-length, inverted, too short and past intervals (422 naming the field)."""
-    if end <= start:
-        raise InvalidInput(f"{field}: must be after start ({end.isoformat()} <= {start.isoformat()})", field=field)
-    if (end - start).total_seconds() < settings.min_reservation_seconds:
-        raise InvalidInput(
-            f"{field}: a reservation lasts at least {settings.min_reservation_seconds} s", field=field
-        )
-    if start < now - PAST_SLACK:
-        raise InvalidInput(f"start: {start.isoformat()} is in the past", field="start")
-
-
 def _resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationShare]:
     shares: list[ReservationShare] = []
     for raw in names:
@@ -390,8 +358,6 @@ def create_reservation(
     someone else or a sharing rule refuses, ReservationConflict (409) naming conflicts and
     the earliest free start.
     """
-    from app.services import rules as rules_service
-
     now = now or utcnow()
     owner = resolve_owner(session, actor=actor, username=data.user, override_reason=data.override_reason)
 
@@ -399,8 +365,6 @@ def create_reservation(
     validate_interval(interval.start, interval.end, now=now, settings=settings)
 
     if data.count is not None:
-        from app.services import placement
-
         host, devices, interval = placement.place(
             session, data=data, owner=owner, interval=interval, now=now
         )
@@ -485,8 +449,6 @@ def update_reservation(
     create (only a longer end can break a rule); note-only and share-only edits check no
     rule. ``share_with`` replaces the list (``[]`` clears it).
     """
-    from app.services import rules as rules_service
-
     now = now or utcnow()
     r = get_reservation(session, reservation_id)
     _can_modify(actor, r)

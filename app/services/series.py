@@ -43,6 +43,7 @@ from app.schemas.reservation import ConflictRef
 from app.schemas.series import MAX_OCCURRENCES, OccurrenceRead, SeriesCreate, SeriesRead
 from app.services import hosts as host_service
 from app.services import reservations as reservation_service
+from app.services.intervals import PAST_SLACK
 from app.services import rules as rules_service
 from app.timeutil import zone
 
@@ -246,7 +247,7 @@ def _book(
                  start_time=start_time, duration=data.duration, tz=tz, until=data.until, count=data.count)
     if not occ:
         raise InvalidInput("until: the rule gives no occurrence up to that date", field="until")
-    if occ[0][1] < now - reservation_service.PAST_SLACK:
+    if occ[0][1] < now - PAST_SLACK:
         raise InvalidInput(f"start_date: the first occurrence ({_local(occ[0][1], tz)}) is in the past", field="start_date")
     series = ReservationSeries(
         user_id=owner.id, host_id=host.id, freq=data.freq, interval=data.interval,

@@ -18,7 +18,7 @@ from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDe
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import placement
 from app.services import reservations as reservation_service
-from app.services.reservations import Interval
+from app.services.intervals import Interval
 from tests.conftest import future, gpu, snapshot_body
 
 BASE = datetime(2031, 1, 6, 8, 0, tzinfo=UTC)

@@ -1,0 +1,54 @@
+"""Reservation intervals: ``[start, end)`` in UTC parsed from a request and checked.
+
+Kept apart from :mod:`app.services.reservations` so that automatic placement, which
+reservations call, can use the same type without importing them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from app.config import Settings
+from app.errors import InvalidInput
+from app.schemas.reservation import ReservationCreate
+from app.timeutil import parse_instant
+
+# A start this far in the past is still "now": a request takes time to arrive.
+PAST_SLACK = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A half-open interval ``[start, end)`` of aware UTC datetimes."""
+
+    start: datetime
+    end: datetime
+
+
+def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
+    """``[start, end)`` in UTC from a create request; raises InvalidInput naming the field."""
+    if data.start.strip().lower() == "asap":
+        start = now
+    else:
+        start = parse_instant(data.start, tz=data.tz, field="start", now=now)
+    if data.end is not None:
+        end = parse_instant(data.end, tz=data.tz, field="end", now=now)
+    else:
+        assert data.duration is not None
+        if data.duration <= timedelta(0):
+            raise InvalidInput("duration: must be positive", field="duration")
+        end = start + data.duration
+    return Interval(start, end)
+
+
+def validate_interval(start: datetime, end: datetime, *, now: datetime, settings: Settings, field: str = "end") -> None:
+    """Refuse zero-length, inverted, too short and past intervals (422 naming the field)."""
+    if end <= start:
+        raise InvalidInput(f"{field}: must be after start ({end.isoformat()} <= {start.isoformat()})", field=field)
+    if (end - start).total_seconds() < settings.min_reservation_seconds:
+        raise InvalidInput(
+            f"{field}: a reservation lasts at least {settings.min_reservation_seconds} s", field=field
+        )
+    if start < now - PAST_SLACK:
+        raise InvalidInput(f"start: {start.isoformat()} is in the past", field="start")
