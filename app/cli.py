@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from app.client import commands as client_commands
 from app.config import Settings, get_settings
 
 cli = typer.Typer(
@@ -159,19 +160,8 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _install_client_commands() -> None:
-    import importlib
-
-    try:
-        commands = importlib.import_module("app.client.commands")
-    except ModuleNotFoundError as e:
-        if e.name in ("app.client", "app.client.commands"):
-            return
-        raise
-    commands.register(cli)
-
-
-_install_client_commands()
+# The members' commands, listed by name in app.client.commands.register.
+client_commands.register(cli)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Usage reports: ``GET /api/v1/reports/usage`` (JSON) and ``GET /reports/usage`` (page).
+"""Usage reports: ``GET /api/v1/reports/usage`` (JSON; the page ``GET /reports/usage`` is
+:mod:`app.web.reports`), and the pruning of usage history.
 
 Both take ``user=`` or ``group=`` (default: the caller), ``from=`` and ``to=`` (dates in the
 lab's time zone or ISO 8601 instants; default: the current month) and ``threshold=`` (mean
@@ -6,7 +7,7 @@ utilization in percent from which a minute with the holder's process counts as u
 default 5). Any signed-in lab member may read any report: who booked what and how much of
 it was used is as open as the Now page.
 
-:func:`install` mounts both and adds the history pruner to the app's lifespan: every
+:func:`install` mounts the route and adds the history pruner to the app's lifespan: every
 process wakes up hourly (the first time ``PRUNE_FIRST_DELAY_S`` after start) and calls
 :func:`app.services.reports.prune_history`, which prunes at most once an hour across all
 processes and replicas.
@@ -18,10 +19,9 @@ import asyncio
 import contextlib
 import logging
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
@@ -29,8 +29,6 @@ from app.db import run_in_transaction
 from app.models import utcnow
 from app.schemas.report import UsageReport
 from app.services import reports as report_service
-from app.web.deps import PageViewer
-from app.web.render import page
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +36,6 @@ PRUNE_FIRST_DELAY_S = 300.0  # seconds after start-up before the first pruning a
 PRUNE_PERIOD_S = report_service.PRUNE_EVERY.total_seconds()
 
 router = APIRouter(tags=["reports"])
-pages = APIRouter(include_in_schema=False)
 
 UserQ = Annotated[str | None, Query(max_length=64, description="username (default: the caller)")]
 GroupQ = Annotated[str | None, Query(max_length=64, description="group name")]
@@ -47,46 +44,16 @@ ToQ = Annotated[str | None, Query(max_length=64, description="period end, exclus
 ThresholdQ = Annotated[float, Query(ge=0, le=100, description="utilization % from which the holder's minute counts as used")]
 
 
-def _report(session, settings, *, viewer_name: str, user: str | None, group: str | None, start: str | None,
-            end: str | None, threshold: float) -> UsageReport:
-    now = utcnow()
-    lo, hi = report_service.parse_period(start, end, tz=settings.tz, now=now)
-    if user is None and group is None:
-        user = viewer_name
-    return report_service.usage_report(session, user=user, group=group, start=lo, end=hi, now=now, threshold_pct=threshold)
-
-
 @router.get("/reports/usage", response_model=UsageReport, responses={401: {}, 404: {}, 422: {}})
 def usage(caller: CurrentUser, session: SessionDep, settings: SettingsDep, user: UserQ = None,
           group: GroupQ = None, from_: FromQ = None, to: ToQ = None,
           threshold: ThresholdQ = report_service.DEFAULT_THRESHOLD_PCT) -> UsageReport:
     """GPU-hours reserved, used by the holder, idle and unmonitored, and findings, for a user
     or a group over a period."""
-    return _report(session, settings, viewer_name=caller.username, user=user or None, group=group or None,
-                   start=from_, end=to, threshold=threshold)
-
-
-@pages.get("/reports/usage")
-def usage_page(request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep,
-               user: UserQ = None, group: GroupQ = None, from_: FromQ = None, to: ToQ = None,
-               threshold: ThresholdQ = report_service.DEFAULT_THRESHOLD_PCT) -> Response:
-    """The report as a page, with links to the previous and next month."""
-    report = _report(session, settings, viewer_name=viewer.user.username, user=user or None, group=group or None,
-                     start=from_, end=to, threshold=threshold)
-    tz = settings.tz
-    this_month = report_service.month_start(report.start, tz)
-    prev_month = report_service.month_start(this_month - timedelta(microseconds=1), tz)
-    next_month = report_service.next_month(this_month, tz)
-
-    def day(t: datetime) -> str:
-        return t.astimezone(tz).date().isoformat()
-
-    return page(request, "report.html", {
-        "viewer": viewer, "active": "reports", "report": report,
-        "prev": {"from": day(prev_month), "to": day(this_month)},
-        "next": {"from": day(next_month), "to": day(report_service.next_month(next_month, tz))},
-        "form": {"user": user or "", "group": group or "", "from": from_ or "", "to": to or "", "threshold": threshold},
-    })
+    return report_service.report_for_request(
+        session, tz=settings.tz, viewer_name=caller.username, user=user or None, group=group or None,
+        start=from_, end=to, threshold_pct=threshold, now=utcnow(),
+    )
 
 
 def prune_once(app: FastAPI) -> bool:
@@ -109,10 +76,9 @@ async def _prune_loop(app: FastAPI, first_delay: float, period: float) -> None:
 
 
 def install(app: FastAPI, *, first_delay: float = PRUNE_FIRST_DELAY_S, period: float = PRUNE_PERIOD_S) -> None:
-    """Mount the API route under ``/api/v1`` and the page at ``/reports/usage``; run the
-    pruner inside the app's lifespan (after the engine exists, cancelled before it is disposed)."""
+    """Mount the API route under ``/api/v1``; run the pruner inside the app's lifespan (after
+    the engine exists, cancelled before it is disposed)."""
     app.include_router(router, prefix="/api/v1")
-    app.include_router(pages)
     inner = app.router.lifespan_context
 
     @asynccontextmanager

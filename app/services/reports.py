@@ -371,3 +371,16 @@ __all__ = [
     "prune_history",
     "usage_report",
 ]
+
+
+def report_for_request(
+    session: Session, *, tz: ZoneInfo, viewer_name: str, user: str | None, group: str | None,
+    start: str | None, end: str | None, threshold_pct: float, now: datetime,
+) -> UsageReport:
+    """The report that the API route and the page answer for the same query: ``start``/``end``
+    as typed (dates in ``tz`` or ISO 8601, default the current month), the viewer's own
+    report when neither ``user`` nor ``group`` is given. Errors as :func:`usage_report`."""
+    lo, hi = parse_period(start, end, tz=tz, now=now)
+    if user is None and group is None:
+        user = viewer_name
+    return usage_report(session, user=user, group=group, start=lo, end=hi, now=now, threshold_pct=threshold_pct)

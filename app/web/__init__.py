@@ -2,9 +2,12 @@
 
 :func:`install` is called by :func:`app.main.create_app`: it adds the page routers, lets
 the JSON API accept the browser session (``app.state.cookie_user_resolver``), and wraps
-the error handlers so that a page gets an HTML error page (or a redirect to sign-in)
-while the API keeps its problem+json documents. Page routes carry the ``web`` tag, which
-is how the handlers tell them apart.
+the error handlers so that a page gets an HTML error page while the API keeps its
+problem+json documents. A request is a page request when it was routed to a
+:class:`~app.web.routing.PageRoute` (every page router is built by
+:func:`~app.web.routing.page_router`); a signed-out browser gets the sign-in redirect from
+the handler of :class:`~app.web.routing.SignInRequired`, which only the pages' viewer
+dependencies raise.
 """
 
 from __future__ import annotations
@@ -18,21 +21,10 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import AppError, Unauthorized, validation_problem
+from app.errors import AppError, validation_problem
 from app.web.deps import Viewer, cookie_user_resolver, viewer_for
 from app.web.render import is_htmx, page
-
-WEB_TAG = "web"
-
-
-def is_page_request(request: Request) -> bool:
-    """True when ``request`` is for a page (a ``web`` route, or an unknown URL a browser asked for)."""
-    route = request.scope.get("route")
-    if route is not None:
-        return WEB_TAG in (getattr(route, "tags", None) or ())
-    path = request.url.path
-    return not path.startswith(("/api/", "/static/")) and "text/html" in request.headers.get("accept", "")
-
+from app.web.routing import SignInRequired, routed_to_page
 
 def sign_in_redirect(request: Request) -> Response:
     """Send a visitor without a session to the sign-in page, then back to where they were."""
@@ -71,40 +63,42 @@ async def error_page(
 
 
 def install_page_error_handlers(app: FastAPI) -> None:
-    """Wrap the API's handlers: pages get HTML (or a sign-in redirect), the API keeps problem+json."""
+    """Pages get HTML error pages, the API keeps problem+json; :class:`SignInRequired` gets the sign-in redirect."""
     api_app_error = app.exception_handlers[AppError]
     api_validation = app.exception_handlers[RequestValidationError]
     api_http = app.exception_handlers[StarletteHTTPException]
     api_integrity = app.exception_handlers[IntegrityError]
 
+    async def sign_in_required(request: Request, exc: Exception):
+        return sign_in_redirect(request)
+
     async def app_error(request: Request, exc: Exception):
-        if not is_page_request(request) or not isinstance(exc, AppError):
+        if not routed_to_page(request) or not isinstance(exc, AppError):
             return await api_app_error(request, exc)
-        if isinstance(exc, Unauthorized):
-            return sign_in_redirect(request)
         return await error_page(request, status=exc.status, title=exc.title, detail=exc.detail)
 
     async def validation(request: Request, exc: Exception):
-        if not is_page_request(request) or not isinstance(exc, RequestValidationError):
+        if not routed_to_page(request) or not isinstance(exc, RequestValidationError):
             return await api_validation(request, exc)
         doc = validation_problem(list(exc.errors()))
         return await error_page(request, status=422, title="Invalid input", detail=doc["detail"], errors=doc["errors"])
 
     async def http_error(request: Request, exc: Exception):
-        if not is_page_request(request) or not isinstance(exc, StarletteHTTPException):
+        if not routed_to_page(request) or not isinstance(exc, StarletteHTTPException):
             return await api_http(request, exc)
         title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
         detail = f"there is no page at {request.url.path}" if exc.status_code == 404 else str(exc.detail)
         return await error_page(request, status=exc.status_code, title=title, detail=detail)
 
     async def integrity(request: Request, exc: Exception):
-        if not is_page_request(request):
+        if not routed_to_page(request):
             return await api_integrity(request, exc)
         return await error_page(
             request, status=409, title="Conflict",
             detail="the change conflicts with existing data (a duplicate or a referenced row); nothing was saved",
         )
 
+    app.add_exception_handler(SignInRequired, sign_in_required)
     app.add_exception_handler(AppError, app_error)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http_error)
@@ -113,9 +107,10 @@ def install_page_error_handlers(app: FastAPI) -> None:
 
 def install(app: FastAPI) -> None:
     """Add the page routers, the cookie resolver for the API and the page error handlers."""
-    from app.web import admin, auth, book, findings, mine, now, profile, timeline
+    from app.web import admin, auth, book, findings, mine, now, profile, reports, timeline
 
-    for module in (auth, now, timeline, book, mine, findings, admin, profile):
-        app.include_router(module.router)
+    for router in (auth.router, now.router, timeline.router, book.router, mine.router, findings.router,
+                   admin.router, profile.router, reports.router):
+        app.include_router(router)
     app.state.cookie_user_resolver = cookie_user_resolver
     install_page_error_handlers(app)

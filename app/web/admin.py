@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -30,8 +30,9 @@ from app.services import hosts as host_service
 from app.services import users as user_service
 from app.web.deps import AdminFormViewer, AdminPageViewer, FormBody, Viewer, form_str
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 NO_STORE = {"Cache-Control": "no-store"}
 DONE = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
@@ -12,8 +12,9 @@ from app.models import utcnow
 from app.web import sessions as web_sessions
 from app.web.deps import FormBody, FormViewer, form_str, viewer_for
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 SIGNIN_COOKIE_SECONDS = 3600
 

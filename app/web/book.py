@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -35,8 +35,9 @@ from app.services.devices import DeviceView
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_list
 from app.web.now import DEVICE_BADGES, device_label
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 MAX_LENGTH_HOURS = 24 * 366
 # where service error fields land on this form

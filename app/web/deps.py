@@ -3,8 +3,8 @@
 ``PageViewer`` resolves the session cookie on a read session; ``FormViewer`` does so on
 the write session of a form post and refuses it (403) unless it carries the session's CSRF
 token, as the hidden ``csrf_token`` field or, from htmx, the ``X-CSRF-Token`` header.
-Without a session both raise :class:`~app.errors.Unauthorized`, which the page error
-handler turns into a redirect to the sign-in page.
+Without a session both raise :class:`~app.web.routing.SignInRequired`, whose handler
+answers with the redirect to the sign-in page (never problem details).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, QueryParams
 
 from app.api.deps import SessionDep, WriteSessionDep
-from app.errors import Forbidden, Unauthorized
+from app.errors import Forbidden
 from app.models import User, utcnow
 from app.web import sessions as web_sessions
+from app.web.routing import SignInRequired
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -54,10 +55,10 @@ FormBody = Annotated[FormData, Depends(form_body)]
 
 
 def page_viewer(request: Request, session: SessionDep) -> Viewer:
-    """The signed-in viewer; raises Unauthorized (redirect to sign-in) otherwise."""
+    """The signed-in viewer; raises SignInRequired (redirect to sign-in) otherwise."""
     viewer = viewer_for(request, session)
     if viewer is None:
-        raise Unauthorized("sign in to see this page")
+        raise SignInRequired("sign in to see this page")
     return viewer
 
 
@@ -65,7 +66,7 @@ def form_viewer(request: Request, session: WriteSessionDep, form: FormBody) -> V
     """The signed-in viewer of a form post, after checking its CSRF token (403 otherwise)."""
     viewer = viewer_for(request, session)
     if viewer is None:
-        raise Unauthorized("your session has ended; sign in again")
+        raise SignInRequired("your session has ended; sign in again")
     given = request.headers.get(web_sessions.CSRF_HEADER) or form.get(web_sessions.CSRF_FIELD)
     if not web_sessions.csrf_matches(viewer.csrf_token, given if isinstance(given, str) else None):
         raise web_sessions.CsrfRefused(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
@@ -22,8 +22,9 @@ from app.schemas.finding import FindingRead
 from app.services import findings as findings_service
 from app.web.deps import PageViewer
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 RECENT_DAYS = 7
 LIMIT = 500

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
@@ -21,8 +21,9 @@ from app.services import reservations as reservation_service
 from app.web.book import conflict_lines, device_names
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 PAST_DAYS = 30
 

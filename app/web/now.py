@@ -8,7 +8,7 @@ from datetime import datetime
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
@@ -19,8 +19,9 @@ from app.services import devices as device_service
 from app.services.devices import DeviceView
 from app.web.deps import PageViewer
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 REFRESH_SECONDS = 5
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,8 +22,9 @@ from app.models import ApiToken, utcnow
 from app.services import users as user_service
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 NO_STORE = {"Cache-Control": "no-store"}
 

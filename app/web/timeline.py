@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from urllib.parse import urlencode
 from zoneinfo import ZoneInfo
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -25,8 +25,9 @@ from app.errors import InvalidInput
 from app.models import Device, Host, Reservation, ReservationDevice, utcnow
 from app.web.deps import PageViewer
 from app.web.render import page
+from app.web.routing import page_router
 
-router = APIRouter(tags=["web"], include_in_schema=False)
+router = page_router()
 
 View = Literal["day", "week"]
 MIN_FREE = timedelta(minutes=5)
