@@ -1,6 +1,6 @@
 """CPU cost of one agent poll on a host of 8 GPUs with 40 processes, against baselines.
 
-Everything runs over the same fake NVML (tests/agent/fake_nvml.py), and the 40 GPU
+Everything runs over the same fake NVML (testkit/fake_nvml.py), and the 40 GPU
 "processes" are real ``sleep`` children, so owner lookups (psutil, /proc) are real work for
 every tool. Compared in the same run:
 
@@ -37,7 +37,7 @@ import psutil  # noqa: E402
 from agent.collect import SnapshotBuilder  # noqa: E402
 from agent.nvml import NvmlSource  # noqa: E402
 from agent.owners import OwnerResolver  # noqa: E402
-from tests.agent.fake_nvml import busy_host, patched_pynvml  # noqa: E402
+from testkit.fake_nvml import busy_host, patched_pynvml  # noqa: E402
 
 N_GPUS, PROCS_PER_GPU = 8, 5
 AGENT_POLLS = 2000

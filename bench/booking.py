@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, pg_available  # noqa: E402
-from tests.live import gpuroster_env, live_server  # noqa: E402
+from testkit.pg import PG_SERVER, _create_pg_database, _drop_pg_database, pg_available  # noqa: E402
+from testkit.live import gpuroster_env, live_server  # noqa: E402
 
 N_DEVICES = 64
 

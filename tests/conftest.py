@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,26 +20,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-PG_SERVER = os.environ.get("GPUROSTER_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+from testkit.pg import PG_SERVER, _create_pg_database, _drop_pg_database, _pg_admin_url, pg_available  # noqa: F401
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "data" / "corpus"
-
-
-def _pg_admin_url() -> str:
-    return PG_SERVER.replace("postgresql://", "postgresql+psycopg://", 1) + "/postgres"
-
-
-def pg_available() -> str | None:
-    """None if PostgreSQL answers, else the reason it does not."""
-    try:
-        eng = create_engine(_pg_admin_url(), connect_args={"connect_timeout": 3})
-        with eng.connect() as c:
-            c.execute(text("SELECT 1"))
-        eng.dispose()
-        return None
-    except Exception as e:  # noqa: BLE001 - any failure means "not available"
-        return f"{e.__class__.__name__}: {e}".splitlines()[0]
 
 
 def require_pg() -> None:
@@ -50,22 +34,6 @@ def require_pg() -> None:
         if IN_CI:
             pytest.fail(msg + " — CI must run the PostgreSQL half of the suite")
         pytest.skip("SKIPPING POSTGRESQL TESTS: " + msg)
-
-
-def _create_pg_database() -> str:
-    name = f"gpuroster_test_{uuid.uuid4().hex[:10]}"
-    eng = create_engine(_pg_admin_url(), isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    eng.dispose()
-    return name
-
-
-def _drop_pg_database(name: str) -> None:
-    eng = create_engine(_pg_admin_url(), isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    eng.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live import gpuroster_env, live_server, run_cli
+from testkit.live import gpuroster_env, live_server, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 

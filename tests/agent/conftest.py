@@ -12,7 +12,7 @@ from agent.nvml import NvmlSource
 from agent.owners import OwnerResolver
 from agent.schema import Snapshot
 from agent.telemetry import reset_warnings
-from tests.agent.fake_nvml import FakeNVML, FakeOwner, FakeProcessTable
+from testkit.fake_nvml import FakeNVML, FakeOwner, FakeProcessTable
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "corpus"

@@ -14,7 +14,7 @@ from agent.config import load_settings
 from agent.nvml import NvmlSource
 from agent.owners import OwnerResolver
 from agent.schema import HostPolicy, Snapshot, SnapshotAck
-from tests.agent.fake_nvml import b09_version_mismatch, b10_no_library, b15_graphics_and_compute
+from testkit.fake_nvml import b09_version_mismatch, b10_no_library, b15_graphics_and_compute
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURES = REPO / "agent" / "captures"

@@ -10,7 +10,7 @@ import pytest
 
 from agent.nvml import MISMATCH_MESSAGE, NvmlSource, binding_driver_problem
 from tests.agent.conftest import T0, nvml_builder, snapshot_of
-from tests.agent.fake_nvml import (
+from testkit.fake_nvml import (
     GiB,
     MiB,
     FakeGPU,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from agent.owners import OwnerResolver, check_environment, container_id_from_cgroup
-from tests.agent.fake_nvml import FakeOwner, FakeProcessTable
+from testkit.fake_nvml import FakeOwner, FakeProcessTable
 
 C1 = "a" * 64
 C2 = "b" * 64

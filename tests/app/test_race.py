@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from app.config import normalize_database_url
 from tests.conftest import future, gpu, snapshot_body
-from tests.live import gpuroster_env, live_server
+from testkit.live import gpuroster_env, live_server
 
 OVERLAPS = text(
     """

@@ -24,7 +24,7 @@ import pytest
 from app.config import Settings
 from app.db import build_engine, build_session_factory, run_in_transaction
 from tests.conftest import gpu, snapshot_body, truncate_all
-from tests.live import BIN, free_port, gpuroster_env, live_server
+from testkit.live import BIN, free_port, gpuroster_env, live_server
 
 BERLIN = ZoneInfo("Europe/Berlin")
 PASSWORD = "correct horse battery"

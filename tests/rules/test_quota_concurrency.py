@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from app.config import Settings, normalize_database_url
 from app.db import build_engine, build_session_factory, run_in_transaction
 from tests.conftest import future, gpu, snapshot_body
-from tests.live import gpuroster_env, live_server
+from testkit.live import gpuroster_env, live_server
 
 N = 8
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.conftest import IN_CI, PG_SERVER, REPO, _create_pg_database, _drop_pg_database, require_pg
-from tests.live import gpuroster_env, live_server, run_cli
+from testkit.live import gpuroster_env, live_server, run_cli
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""A fake ``pynvml`` for tests and benchmarks, with scenarios named after CASES.md.
+"""A fake ``pynvml`` for tests and benchmarks, with scenarios named after docs/cases.md.
 
 :class:`FakeNVML` is a module-like object: the ``nvml*`` functions the agent (and gpustat /
 nvitop) call, answered from :class:`FakeGPU` records, plus every ``NVML_*`` constant and
