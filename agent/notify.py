@@ -4,7 +4,8 @@
 and the cached reservation table: which GPU (index, UUID, bus id), which process (pid,
 command), whose reservation until when, and how to fix it (the offender's own reserved
 device if they hold one, a device free right now, the reserve command and the booking URL).
-B17: devices are always named by UUID and bus id, never by index alone.
+Devices are always named by UUID and bus id, never by index alone: CUDA may number GPUs
+differently from NVML, so an index alone can point at the wrong card.
 
 :class:`TerminalNotifier` writes a notice the way ``write(1)`` does, to every terminal session
 of the recipient: ttys from ``psutil.users()`` (utmp) and the controlling terminals of the
@@ -82,7 +83,7 @@ def free_devices(
 
     A device is busy when it (or its parent GPU, or one of its MIG instances) has an active
     reservation, or shows a process that is not exempt (display servers and other exempt
-    processes do not make a GPU busy: B16), or a process of unknown owner. A GPU in MIG mode
+    processes do not make a GPU busy), or a process of unknown owner. A GPU in MIG mode
     with instances is represented by its instances. Open devices count as free when unused.
     """
     children: dict[str, list[str]] = {}
@@ -194,7 +195,8 @@ def compose_holder_message(
     pid: int | None,
     command: str | None,
 ) -> str:
-    """The note to the rightful holder of a device occupied by a ``foreign`` process (B30)."""
+    """The note to the rightful holder of a device occupied by a ``foreign`` process (for example
+    the previous holder's job still running after their reservation ended)."""
     dev = describe_device(device_uuid, {d.uuid: d for d in devices})
     rid = f" (reservation {reservation.id}, until {_fmt_time(reservation.end)})" if reservation else ""
     cmd = f" ({sanitize(command, 120)})" if command else ""

@@ -89,7 +89,8 @@ class NamespaceCheck:
 
 
 def check_environment(proc: Path = Path("/proc"), *, euid: int | None = None) -> NamespaceCheck:
-    """Compare ``/proc/self/ns/pid`` with ``/proc/1/ns/pid`` and look for ``hidepid`` (B05, B13).
+    """Compare ``/proc/self/ns/pid`` with ``/proc/1/ns/pid`` and look for ``hidepid``: in a
+    foreign PID namespace or behind ``hidepid`` the agent cannot attribute processes.
 
     ``host_pid_ns`` is ``None`` when it cannot be told (``/proc/1/ns/pid`` unreadable without
     root); it is then ``False`` only if pid 1 looks like a container init. ``euid``: the

@@ -5,7 +5,7 @@ handed it (so it keeps judging while the service is unreachable); the service ma
 same function for display. It does no I/O, reads no clock and imports only the standard
 library and the wire schema (pydantic).
 
-Rules (issue 4):
+Rules:
 
 * A process is **covered** on device ``D`` at instant ``now`` when its owner (matched by
   ``unix_user`` against :attr:`ReservationEntry.unix_name` or one of
@@ -15,14 +15,16 @@ Rules (issue 4):
   cover its parent GPU or a sibling instance. Devices listed in ``open_devices`` (or whose
   parent GPU is listed) need no reservation.
 * Not judged at all (never a finding): processes whose owner is not known
-  (``owner_status`` other than ``"ok"``/``"replay"``, or ``unix_user`` ``None``: B05, B12,
-  B13); root and system accounts (``uid < policy.min_uid``, or user ``root``); users in
+  (``owner_status`` other than ``"ok"``/``"replay"``, or ``unix_user`` ``None``: a pid the
+  agent cannot see from its namespace, one that exited before its owner was read, or one
+  whose owner it may not read); root and system accounts (``uid < policy.min_uid``, or user ``root``); users in
   ``policy.exempt_users``; processes whose name (or the base name of their command's first
-  word) is in ``policy.exempt_process_names`` (Xorg, display servers, DCGM: B15, B16).
+  word) is in ``policy.exempt_process_names`` (Xorg, display servers, DCGM: they hold a
+  GPU without being anybody's job).
 * An uncovered process is
 
   - ``foreign`` when somebody else holds an active reservation of the device (or of its
-    parent GPU) now; ``holder`` is that reservation's ``unix_name`` (B07, and B30's hand-over:
+    parent GPU) now; ``holder`` is that reservation's ``unix_name`` (a MIG instance counts as its parent GPU's; at a hand-over,
     once the next reservation has started, the previous holder's process is ``foreign``
     against the new holder, not ``overrun``);
   - ``overrun`` when nobody holds the device now but the owner's own reservation of it ended
@@ -32,7 +34,7 @@ Rules (issue 4):
 * ``idle`` (judged *now*, debounced by the tracker over ``policy.idle_minutes``): an active
   reservation's device whose process listing worked, that shows no process of the holder (or
   of a user it is shared with) and whose GPU utilization is known and below
-  ``policy.idle_utilization_pct``. When utilization is not available (MIG instances, B07) the
+  ``policy.idle_utilization_pct``. When utilization is not available (MIG instances) the
   device counts as idle only if it shows no process at all whose owner is unknown (such a
   process might be the holder's). Idle is judged per (reservation, device).
 
@@ -50,12 +52,14 @@ from datetime import datetime, timedelta, timezone
 from agent.schema import DeviceReport, FindingKind, HostPolicy, ProcessReport, ReservationEntry
 
 #: How long after its end a reservation still turns its holder's leftover process into
-#: ``overrun`` rather than ``unreserved`` (the "within the last N hours" of issue 4). Equal to
+#: ``overrun`` rather than ``unreserved`` (a leftover job of the last holder is an overrun for a while, not
+#: an anonymous unreserved process). Equal to
 #: how far back the service's table goes (``reservations.host_table(behind=6 h)``): an older
 #: reservation is not in the agent's table anyway.
 DEFAULT_OVERRUN_WINDOW = timedelta(hours=6)
 
-#: Owner statuses whose ``unix_user`` may be trusted (B05, B12, B13 exclude the others).
+#: Owner statuses whose ``unix_user`` may be trusted (not: unseen in a foreign PID namespace,
+#: exited before the lookup, lookup denied).
 KNOWN_OWNER_STATUSES = frozenset({"ok", "replay"})
 
 
@@ -133,7 +137,7 @@ def process_names(process: ProcessReport) -> set[str]:
 
 
 def owner_known(process: ProcessReport) -> bool:
-    """True when the process owner is attributed (B05/B12/B13 processes are not)."""
+    """True when the process owner is attributed (not unseen, exited or denied)."""
     return process.owner_status in KNOWN_OWNER_STATUSES and bool(process.unix_user)
 
 

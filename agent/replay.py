@@ -9,7 +9,7 @@ The parser tolerates what real captures contain: ``N/A``, ``[N/A]``, ``[Not Supp
 ``Not available in WDDM driver model``, ``ERR!``, empty values, missing elements and an
 ``attached_gpus`` count that disagrees with the ``<gpu>`` list. GPUs are keyed by UUID
 (or bus id when the UUID is missing) and numbered in PCI bus order like NVML, never in
-document order (B17).
+document order (which may differ from PCI order).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def parse_capture(data: bytes | str, name: str = "capture.xml", *, pid_max: int 
             continue
         parsed[uuid] = (bus or "", gpu)
 
-    # NVML numbers GPUs in PCI bus order; document order (and minor_number) may differ (B17).
+    # NVML numbers GPUs in PCI bus order; document order (and minor_number) may differ.
     order = sorted(parsed, key=lambda u: (parsed[u][0].lower(), u))
     devices: list[DeviceReport] = []
     processes: list[RawProcess] = []

@@ -84,7 +84,8 @@ def reset_warnings() -> None:
 
 
 def to_str(value: object, what: str = "value") -> str | None:
-    """Normalise bytes / str / None from a binding to ``str`` (B18).
+    """Normalise bytes / str / None from a binding to ``str`` (bindings
+    differ in whether they decode names).
 
     Undecodable bytes are decoded with U+FFFD replacement and logged once per ``what``.
     """
@@ -110,5 +111,6 @@ def read_pid_max(path: Path = Path("/proc/sys/kernel/pid_max")) -> int:
 
 
 def bogus_pid(pid: object, pid_max: int) -> bool:
-    """True for pids NVML cannot really have returned: 0, negative, >= pid_max, 2^32-1 (B01)."""
+    """True for pids NVML cannot really have returned: 0, negative, >= pid_max, 2^32-1
+    (what an nvidia-ml-py reading the process struct at the wrong stride produces)."""
     return not isinstance(pid, int) or pid <= 0 or pid >= pid_max or pid >= PID_SENTINEL

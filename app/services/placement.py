@@ -13,7 +13,7 @@ service prefers, in this order:
 
 1. devices idle now per the latest telemetry: no compute process, at most
    :data:`BUSY_MEMORY_MIB` in use and utilization below :data:`BUSY_UTILIZATION_PCT`
-   (B16: a display server or a few MiB of driver overhead do not make a GPU busy);
+   (a display server or a few MiB of driver overhead do not make a GPU busy);
 2. devices close to each other: fewest distinct ``link_group`` values (NVLink / PCIe
    switch, reported by the agent; a device without one is its own group);
 3. the tightest fit: the shortest free stretches around ``[t, t + length)``, so long free

@@ -391,12 +391,13 @@ def validate_reservation(
     tz: ZoneInfo | None = None,
     label: str | None = None,
 ) -> list[Violation]:
-    """The one validator for creating and changing a reservation (B32).
+    """The one validator for creating and changing a reservation, so that an edit is never
+    refused by a rule that creating the same reservation would not apply.
 
     Takes the owner's quota lock, then checks :func:`check_limits`. A refusal raises
     :class:`RuleViolation` (403) naming the rule, the limit, what is used and left (and
     ``violations`` listing every broken rule). An admin who gives ``override_reason``
-    is let through; so is an admin who gives none (CASES B32: "admins unlimited"), recorded
+    is let through; so is an admin who gives none (admins are not limited by sharing rules), recorded
     as such. The overridden rules and the reason are written to the audit log
     (``rule.override``) and returned. ``label`` prefixes the message (a series occurrence).
     """

@@ -11,7 +11,8 @@ across DST changes; every occurrence is then an ordinary reservation in UTC with
 * ``monthly``: on the day of month of ``start_date`` every ``interval`` months; months
   without that day are skipped (RFC ``BYMONTHDAY``: the 31st gives Jan, Mar, May…, never
   "Mar 3" and never a clamped last day; the 29th skips February in common years).
-* ``until`` is a date, inclusive, in the series' zone (B26: never parsed as UTC midnight);
+* ``until`` is a date, inclusive, in the series' zone (never parsed as UTC midnight, which
+  would move the last occurrence a day for zones west of UTC);
   ``count`` counts occurrences. One of them is required; at most
   :data:`~app.schemas.series.MAX_OCCURRENCES` occurrences.
 * A wall time that does not exist on a day (spring-forward gap) is taken with the UTC offset
