@@ -33,6 +33,7 @@ from app.schemas.series import SeriesCancelled, SeriesCreate, SeriesRead
 from app.schemas.user import TokenCreated
 from app.services import cli_login, placement
 from app.services import groups as group_service
+from app.services import rule_admin
 from app.services import rules as rules_service
 from app.services import series as series_service
 from app.services import users as user_service
@@ -63,21 +64,21 @@ def _open(session, d, ahead: int | None = None) -> OpenDeviceRead:
 @router.get("/rules/open-devices", response_model=list[OpenDeviceRead], tags=["rules"])
 def list_open_devices(user: CurrentUser, session: SessionDep) -> list[OpenDeviceRead]:
     """Devices anyone may use without a reservation."""
-    return [_open(session, d) for d in rules_service.list_open_devices(session)]
+    return [_open(session, d) for d in rule_admin.list_open_devices(session)]
 
 
 @router.post("/rules/open-devices", response_model=list[OpenDeviceRead], tags=["rules"], responses={404: {}})
 def open_devices(data: OpenDevicesChange, admin: AdminUser, session: WriteSessionDep) -> list[OpenDeviceRead]:
     """Admins: open devices to everyone (no reservation needed; the agent stops flagging them).
     Reservations still on them are kept and counted in ``reservations_ahead``."""
-    rows = rules_service.set_open(session, uuids=data.devices, is_open=True, actor=admin, now=utcnow())
+    rows = rule_admin.set_open(session, uuids=data.devices, is_open=True, actor=admin, now=utcnow())
     return [_open(session, d, n) for d, n in rows]
 
 
 @router.delete("/rules/open-devices/{uuid}", response_model=OpenDeviceRead, tags=["rules"], responses={404: {}})
 def close_device(uuid: str, admin: AdminUser, session: WriteSessionDep) -> OpenDeviceRead:
     """Admins: make an open device reservable only again."""
-    d, n = rules_service.set_open(session, uuids=[uuid], is_open=False, actor=admin, now=utcnow())[0]
+    d, n = rule_admin.set_open(session, uuids=[uuid], is_open=False, actor=admin, now=utcnow())[0]
     return _open(session, d, n)
 
 
@@ -87,8 +88,8 @@ def close_device(uuid: str, admin: AdminUser, session: WriteSessionDep) -> OpenD
 @router.get("/rules", response_model=list[RuleRead], tags=["rules"])
 def list_rules(user: CurrentUser, session: SessionDep) -> list[RuleRead]:
     """Every sharing rule (the lab's policy is public to its members)."""
-    rules = rules_service.list_rules(session)
-    names = rules_service.rule_target_names(session, rules)
+    rules = rule_admin.list_rules(session)
+    names = rule_admin.rule_target_names(session, rules)
     return [_rule_read(r, names) for r in rules]
 
 
@@ -96,30 +97,30 @@ def list_rules(user: CurrentUser, session: SessionDep) -> list[RuleRead]:
 def create_rule(data: RuleCreate, admin: AdminUser, session: WriteSessionDep, response: Response) -> RuleRead:
     """Admins: a rule for the lab (``default``), a ``group`` or a ``user``; one per target."""
     values = data.model_dump(exclude_unset=True, exclude={"scope", "user", "group"})
-    r = rules_service.create_rule(session, scope=data.scope, user=data.user, group=data.group, values=values, actor=admin)
+    r = rule_admin.create_rule(session, scope=data.scope, user=data.user, group=data.group, values=values, actor=admin)
     response.headers["Location"] = f"/api/v1/rules/{r.id}"
-    return _rule_read(r, rules_service.rule_target_names(session, [r]))
+    return _rule_read(r, rule_admin.rule_target_names(session, [r]))
 
 
 @router.get("/rules/{rule_id}", response_model=RuleRead, tags=["rules"], responses={404: {}})
 def get_rule(rule_id: int, user: CurrentUser, session: SessionDep) -> RuleRead:
-    r = rules_service.get_rule(session, rule_id)
-    return _rule_read(r, rules_service.rule_target_names(session, [r]))
+    r = rule_admin.get_rule(session, rule_id)
+    return _rule_read(r, rule_admin.rule_target_names(session, [r]))
 
 
 @router.patch("/rules/{rule_id}", response_model=RuleRead, tags=["rules"], responses={404: {}, 422: {}})
 def update_rule(rule_id: int, data: RuleUpdate, admin: AdminUser, session: WriteSessionDep) -> RuleRead:
     """Admins: set limits, or clear one with ``null`` (it is inherited again)."""
-    r = rules_service.update_rule(session, rule_id=rule_id, changes=data.model_dump(exclude_unset=True), actor=admin)
-    return _rule_read(r, rules_service.rule_target_names(session, [r]))
+    r = rule_admin.update_rule(session, rule_id=rule_id, changes=data.model_dump(exclude_unset=True), actor=admin)
+    return _rule_read(r, rule_admin.rule_target_names(session, [r]))
 
 
 @router.delete("/rules/{rule_id}", response_model=RuleRead, tags=["rules"], responses={404: {}})
 def delete_rule(rule_id: int, admin: AdminUser, session: WriteSessionDep) -> RuleRead:
     """Admins: delete a rule; returns it as it was."""
-    r = rules_service.get_rule(session, rule_id)
-    read = _rule_read(r, rules_service.rule_target_names(session, [r]))
-    rules_service.delete_rule(session, rule_id=rule_id, actor=admin)
+    r = rule_admin.get_rule(session, rule_id)
+    read = _rule_read(r, rule_admin.rule_target_names(session, [r]))
+    rule_admin.delete_rule(session, rule_id=rule_id, actor=admin)
     return read
 
 

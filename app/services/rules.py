@@ -1,5 +1,5 @@
-"""Sharing rules: resolution per user, the one validator for create and change, usage, and
-the admin operations on rules and open devices.
+"""Sharing rules: resolution per user, the one validator for create and change, and usage.
+The admin operations on rules and open devices are :mod:`app.services.rule_admin`.
 
 Resolution (per limit): the most specific scope that *sets* the limit wins, user over group
 over default. ``None`` in a rule means "this rule does not set that limit" (it is inherited
@@ -24,10 +24,9 @@ the other; SQLite writers are already serialised by ``BEGIN IMMEDIATE``.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -35,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db import advisory_xact_lock
-from app.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from app.errors import RuleViolation
 from app.models import (
     AuditLog,
     Device,
@@ -43,11 +42,10 @@ from app.models import (
     GroupMember,
     Host,
     Reservation,
-    ReservationDevice,
     SharingRule,
     User,
-    utcnow,
 )
+from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, peak, quota_window
 from app.timeutil import fmt_duration
 
 NUMERIC_LIMITS = (
@@ -64,7 +62,6 @@ SCOPES = ("default", "group", "user")
 # pg_advisory_xact_lock keys: namespace in the high 32 bits, the id in the low ones.
 QUOTA_LOCK_NAMESPACE = 0x51554F54  # "QUOT": one lock per user while counting quotas
 RULES_LOCK_KEY = 0x52554C45 << 32  # "RULE": creating rules (one per scope target)
-WINDOW_DAYS = 7
 _EPS = 1e-9
 
 
@@ -135,105 +132,6 @@ def model_allowed(name: str | None, patterns: Sequence[str]) -> bool:
     """True if the device model ``name`` contains one of ``patterns`` (case-insensitive)."""
     low = (name or "").lower()
     return any(p.strip().lower() in low for p in patterns if p.strip())
-
-
-# ---------------------------------------------------------------------------- quantities
-
-
-def _owner_rows(
-    session: Session, *, owner_id: int, start: datetime, end: datetime, exclude_id: int | None
-) -> list[tuple[int, datetime, datetime]]:
-    """(reservation id, start, end) per reserved device of the owner's active reservations
-    overlapping ``[start, end)``."""
-    q = (
-        select(ReservationDevice.reservation_id, ReservationDevice.start_at, ReservationDevice.end_at)
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .where(
-            Reservation.user_id == owner_id,
-            Reservation.status != "cancelled",
-            ReservationDevice.active.is_(True),
-            ReservationDevice.start_at < end,
-            ReservationDevice.end_at > start,
-        )
-    )
-    if exclude_id is not None:
-        q = q.where(ReservationDevice.reservation_id != exclude_id)
-    return [(rid, s, e) for rid, s, e in session.execute(q).all()]
-
-
-@dataclass(frozen=True)
-class Peak:
-    """The largest simultaneous count inside a window and the segment where it first holds."""
-
-    value: int
-    since: datetime | None = None
-    until: datetime | None = None
-
-
-def peak(intervals: Sequence[tuple[datetime, datetime]], start: datetime, end: datetime) -> Peak:
-    """Maximum number of ``intervals`` (half-open) overlapping at one instant of ``[start, end)``.
-
-    ``since`` is the first instant with that count; ``until`` is when the first of the
-    intervals held then ends (possibly after ``end``: the real release time).
-    """
-    events: list[tuple[datetime, int]] = []
-    for s, e in intervals:
-        if s < end and e > start and s < e:
-            events += [(s, 1), (e, -1)]
-    if not events:
-        return Peak(0)
-    events.sort(key=lambda x: (x[0], x[1]))  # ends before starts at the same instant
-    best = Peak(0)
-    cur = 0
-    i = 0
-    while i < len(events):
-        t = events[i][0]
-        while i < len(events) and events[i][0] == t:
-            cur += events[i][1]
-            i += 1
-        nxt = events[i][0] if i < len(events) else None
-        relevant = t < end and (nxt is None or nxt > start)
-        if relevant and cur > best.value:
-            best = Peak(cur, max(t, start), None)
-    if best.since is not None:
-        held = [e for s, e in intervals if s <= best.since < e]
-        best = Peak(best.value, best.since, min(held))
-    return best
-
-
-def lab_midnight(day: date, tz: ZoneInfo) -> datetime:
-    """00:00 of ``day`` in ``tz`` as UTC (a midnight inside a DST gap resolves forward)."""
-    return datetime.combine(day, time(0), tzinfo=tz).astimezone(UTC)
-
-
-def quota_window(day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
-    """The 7-day GPU-hour window starting on ``day``: ``[00:00 day, 00:00 day+7)`` in ``tz``."""
-    return lab_midnight(day, tz), lab_midnight(day + timedelta(days=WINDOW_DAYS), tz)
-
-
-def device_hours(rows: Sequence[tuple[int, datetime, datetime]], ws: datetime, we: datetime) -> float:
-    """Device-hours (real elapsed) of ``rows`` inside ``[ws, we)``."""
-    total = 0.0
-    for _rid, s, e in rows:
-        overlap = (min(e, we) - max(s, ws)).total_seconds()
-        if overlap > 0:
-            total += overlap
-    return total / 3600.0
-
-
-def fmt_local(dt: datetime, tz: ZoneInfo, now: datetime | None = None) -> str:
-    """``18:00`` today, ``Tue 24 Mar 18:00`` another day (with the year if not this year), in ``tz``."""
-    local = dt.astimezone(tz)
-    ref = (now or utcnow()).astimezone(tz)
-    if local.date() == ref.date():
-        return local.strftime("%H:%M")
-    if local.year == ref.year:
-        return local.strftime("%a %d %b %H:%M")
-    return local.strftime("%a %d %b %Y %H:%M")
-
-
-def _fmt_hours(h: float) -> str:
-    return f"{h:.1f}".rstrip("0").rstrip(".") if abs(h - round(h, 1)) < 1e-9 else f"{h:.2f}"
 
 
 # ---------------------------------------------------------------------------- the validator
@@ -331,7 +229,7 @@ def check_limits(
     exclude = existing.id if existing is not None else None
     added = existing.end_at if existing is not None else start  # the time this request adds
     if max_dev is not None or max_conc is not None:
-        rows = _owner_rows(session, owner_id=owner.id, start=added, end=end, exclude_id=exclude)
+        rows = owner_rows(session, owner_id=owner.id, start=added, end=end, exclude_id=exclude)
         if max_dev is not None:
             p = peak([(s, e) for _r, s, e in rows], added, end)
             if p.value + len(devices) > max_dev:
@@ -357,7 +255,7 @@ def check_limits(
         last = (end - timedelta(microseconds=1)).astimezone(tz).date()
         span_start, _ = quota_window(first, tz)
         _, span_end = quota_window(last, tz)
-        rows = _owner_rows(session, owner_id=owner.id, start=span_start, end=span_end, exclude_id=exclude)
+        rows = owner_rows(session, owner_id=owner.id, start=span_start, end=span_end, exclude_id=exclude)
         day = first
         while day <= last:
             ws, we = quota_window(day, tz)
@@ -366,9 +264,9 @@ def check_limits(
             if new > 0 and used + new > max_gpuh + _EPS:
                 shown_end = day + timedelta(days=WINDOW_DAYS - 1)
                 v("max_gpu_hours_7d",
-                  f"this needs {_fmt_hours(new)} GPU-hours; in the 7 days {day:%a %d %b} – {shown_end:%a %d %b %Y} "
-                  f"({tz.key}) you have {_fmt_hours(used)} of {_fmt_hours(max_gpuh)} GPU-hours booked, "
-                  f"{_fmt_hours(max(0.0, max_gpuh - used))} left",
+                  f"this needs {fmt_hours(new)} GPU-hours; in the 7 days {day:%a %d %b} – {shown_end:%a %d %b %Y} "
+                  f"({tz.key}) you have {fmt_hours(used)} of {fmt_hours(max_gpuh)} GPU-hours booked, "
+                  f"{fmt_hours(max(0.0, max_gpuh - used))} left",
                   used=round(used, 4), left=round(max(0.0, max_gpuh - used), 4),
                   extra={"window": {"start": ws.isoformat(), "end": we.isoformat()}, "requested": round(new, 4)})
                 break
@@ -456,11 +354,11 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
     limits = resolve_limits(session, user)
     today = now.astimezone(tz).date()
     ws, we = quota_window(today - timedelta(days=WINDOW_DAYS - 1), tz)
-    rows_now = _owner_rows(session, owner_id=user.id, start=now, end=now + timedelta(microseconds=1), exclude_id=None)
+    rows_now = owner_rows(session, owner_id=user.id, start=now, end=now + timedelta(microseconds=1), exclude_id=None)
     held = len(rows_now)
     until = min((e for _r, _s, e in rows_now), default=None)
     res_now = len({rid for rid, _s, _e in rows_now})
-    window_rows = _owner_rows(session, owner_id=user.id, start=ws, end=we, exclude_id=None)
+    window_rows = owner_rows(session, owner_id=user.id, start=ws, end=we, exclude_id=None)
     hours = device_hours(window_rows, ws, we)
 
     def left(lim: Any, used: float) -> Any:
@@ -476,7 +374,7 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
     lim = limits["max_gpu_hours_7d"]
     items.append(UsageItem("max_gpu_hours_7d", lim.value, round(hours, 4),
                            None if lim.value is None else round(max(0.0, lim.value - hours), 4), "GPU-hours", lim.scope,
-                           f"{_fmt_hours(hours)} GPU-hours booked {ws.astimezone(tz):%a %d %b} – "
+                           f"{fmt_hours(hours)} GPU-hours booked {ws.astimezone(tz):%a %d %b} – "
                            f"{(we - timedelta(seconds=1)).astimezone(tz):%a %d %b} ({tz.key})"))
     for name, unit, what in (("max_duration_seconds", "seconds", "longest reservation"),
                              ("max_ahead_seconds", "seconds", "how far ahead a reservation may start")):
@@ -494,159 +392,3 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
         "window": {"start": ws, "end": we},
         "limits": items,
     }
-
-
-# ---------------------------------------------------------------------------- rule administration
-
-
-def _target(session: Session, *, scope: str, user: str | None, group: str | None) -> tuple[int | None, int | None]:
-    if scope not in SCOPES:
-        raise InvalidInput(f"scope: one of {', '.join(SCOPES)}", field="scope")
-    if scope == "default":
-        if user or group:
-            raise InvalidInput("scope: a default rule names no user or group", field="scope")
-        return None, None
-    if scope == "group":
-        if user or not group:
-            raise InvalidInput("group: a group rule names a group (and no user)", field="group")
-        gid = session.scalar(select(Group.id).where(Group.name == group))
-        if gid is None:
-            raise InvalidInput(f"group: no group {group!r}", field="group")
-        return None, gid
-    if group or not user:
-        raise InvalidInput("user: a user rule names a user (and no group)", field="user")
-    uid = session.scalar(select(User.id).where(User.username == user))
-    if uid is None:
-        raise InvalidInput(f"user: no user {user!r}", field="user")
-    return uid, None
-
-
-def _check_values(values: dict[str, Any]) -> None:
-    for f in LIST_LIMITS:
-        if f in values and values[f] is not None:
-            items = [str(x).strip() for x in values[f]]
-            if not items or any(not x for x in items):
-                raise InvalidInput(f"{f}: list at least one non-empty name, or null to inherit", field=f)
-            values[f] = list(dict.fromkeys(items))
-
-
-def create_rule(session: Session, *, scope: str, user: str | None, group: str | None, values: dict[str, Any],
-                actor: User) -> SharingRule:
-    """Create the rule of one scope target (default, a group, a user).
-
-    Raises InvalidInput (422) naming the field for a bad scope/target or value, Conflict
-    (409) when that target already has a rule (change it with PATCH instead).
-    """
-    advisory_xact_lock(session, RULES_LOCK_KEY)
-    uid, gid = _target(session, scope=scope, user=user, group=group)
-    _check_values(values)
-    existing = session.scalar(select(SharingRule.id).where(
-        SharingRule.scope == scope,
-        SharingRule.user_id.is_(None) if uid is None else SharingRule.user_id == uid,
-        SharingRule.group_id.is_(None) if gid is None else SharingRule.group_id == gid,
-    ))
-    if existing is not None:
-        raise Conflict(f"scope: rule {existing} already covers this {scope}; change it with PATCH /api/v1/rules/{existing}",
-                       field="scope", rule_id=existing)
-    now = utcnow()
-    rule = SharingRule(scope=scope, user_id=uid, group_id=gid, created_at=now, updated_at=now,
-                       **{k: v for k, v in values.items() if k in LIMIT_FIELDS or k == "note"})
-    session.add(rule)
-    session.flush()
-    session.add(AuditLog(actor=f"user:{actor.username}", action="rule.create", target=f"rule:{rule.id}",
-                         detail={"scope": scope, "user": user, "group": group, **values}))
-    return rule
-
-
-def get_rule(session: Session, rule_id: int) -> SharingRule:
-    rule = session.get(SharingRule, rule_id)
-    if rule is None:
-        raise NotFound(f"rule {rule_id} not found", field="id")
-    return rule
-
-
-def list_rules(session: Session) -> list[SharingRule]:
-    """All rules: default first, then groups, then users."""
-    rules = list(session.scalars(select(SharingRule).order_by(SharingRule.id)))
-    return sorted(rules, key=lambda r: (SCOPES.index(r.scope), r.id))
-
-
-def update_rule(session: Session, *, rule_id: int, changes: dict[str, Any], actor: User) -> SharingRule:
-    """Set (or clear with ``None``) limits and the note of a rule; its scope target is fixed.
-
-    Raises NotFound (404), InvalidInput (422) naming the field.
-    """
-    rule = get_rule(session, rule_id)
-    _check_values(changes)
-    for k, v in changes.items():
-        if k not in LIMIT_FIELDS and k != "note":
-            raise InvalidInput(f"{k}: cannot be changed; delete the rule and create another", field=k)
-        setattr(rule, k, v)
-    rule.updated_at = utcnow()
-    session.add(AuditLog(actor=f"user:{actor.username}", action="rule.update", target=f"rule:{rule.id}", detail=changes))
-    session.flush()
-    return rule
-
-
-def delete_rule(session: Session, *, rule_id: int, actor: User) -> SharingRule:
-    """Delete a rule (its limits fall back to the less specific scopes); raises NotFound."""
-    rule = get_rule(session, rule_id)
-    session.delete(rule)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="rule.delete", target=f"rule:{rule_id}",
-                         detail={"scope": rule.scope}))
-    session.flush()
-    return rule
-
-
-def rule_target_names(session: Session, rules: Sequence[SharingRule]) -> dict[int, str]:
-    """rule id → username or group name of its target."""
-    uids = {r.user_id for r in rules if r.user_id}
-    gids = {r.group_id for r in rules if r.group_id}
-    users = dict(session.execute(select(User.id, User.username).where(User.id.in_(uids))).all()) if uids else {}
-    groups = dict(session.execute(select(Group.id, Group.name).where(Group.id.in_(gids))).all()) if gids else {}
-    out: dict[int, str] = {}
-    for r in rules:
-        if r.user_id:
-            out[r.id] = users.get(r.user_id, "")
-        elif r.group_id:
-            out[r.id] = groups.get(r.group_id, "")
-    return out
-
-
-# ---------------------------------------------------------------------------- open devices
-
-
-def list_open_devices(session: Session) -> list[Device]:
-    """Devices anyone may use without a reservation (not retired), by host and index."""
-    q = select(Device).join(Host, Host.id == Device.host_id).where(Device.is_open.is_(True), Device.retired_at.is_(None))
-    return list(session.scalars(q.order_by(Host.name, Device.index, Device.uuid)))
-
-
-def set_open(
-    session: Session, *, uuids: Sequence[str], is_open: bool, actor: User, now: datetime
-) -> list[tuple[Device, int]]:
-    """Open (or close) devices by UUID; the agent learns it from its next snapshot ack.
-
-    Raises NotFound naming the first unknown UUID; nothing is changed then. Returns each
-    device with the number of its current and upcoming reservations, which opening does
-    not cancel.
-    """
-    wanted = [u.strip() for u in uuids]
-    devices = {d.uuid: d for d in session.scalars(select(Device).where(Device.uuid.in_(wanted)))}
-    for u in wanted:
-        if u not in devices:
-            raise NotFound(f"devices: no device {u!r}", field="devices")
-    out = []
-    counts: dict[int, int] = defaultdict(int)
-    ids = [d.id for d in devices.values()]
-    for dev_id in session.scalars(select(ReservationDevice.device_id).where(
-            ReservationDevice.device_id.in_(ids), ReservationDevice.active.is_(True), ReservationDevice.end_at > now)):
-        counts[dev_id] += 1
-    for u in dict.fromkeys(wanted):
-        d = devices[u]
-        d.is_open = is_open
-        out.append((d, counts[d.id]))
-    session.add(AuditLog(actor=f"user:{actor.username}", action="device.open" if is_open else "device.close",
-                         target="devices", detail={"devices": list(dict.fromkeys(wanted))}))
-    session.flush()
-    return out

@@ -23,7 +23,7 @@ N = 8
 
 def _setup(db_url: str, limit: dict) -> tuple[str, str, list[str]]:
     from app.services import hosts as host_service
-    from app.services import rules as rules_service
+    from app.services import rule_admin
     from app.services import users as user_service
 
     engine = build_engine(Settings(database_url=db_url))
@@ -32,7 +32,7 @@ def _setup(db_url: str, limit: dict) -> tuple[str, str, list[str]]:
         admin = user_service.create_user(s, username="boss", admin=True)
         alice = user_service.create_user(s, username="alice")
         token = user_service.create_api_token(s, user=alice)[1]
-        rules_service.create_rule(s, scope="default", user=None, group=None, values=limit, actor=admin)
+        rule_admin.create_rule(s, scope="default", user=None, group=None, values=limit, actor=admin)
         return token, host_service.create_host(s, name="node-01")[1]
 
     token, host_token = run_in_transaction(build_session_factory(engine), work)
