@@ -44,7 +44,7 @@ def event_uid(r: Reservation, settings: Settings) -> str:
 
 
 def _event(r: Reservation, settings: Settings, *, viewer: User | None) -> Event:
-    devices = reservation_service._devices_sorted(r)
+    devices = reservation_service.devices_sorted(r)
     models = sorted({d.name for d in devices if d.name})
     ev = Event()
     ev.add("uid", event_uid(r, settings))
@@ -112,7 +112,7 @@ def user_feed(session: Session, *, token: str, settings: Settings, now: datetime
         or_(ReservationShare.user_id == user.id, ReservationShare.group_id.in_(groups))
     )
     q = _window(select(Reservation).where(or_(Reservation.user_id == user.id, Reservation.id.in_(shared))), now)
-    rows = list(session.scalars(q.options(*reservation_service._loaded())))
+    rows = list(session.scalars(q.options(*reservation_service.loaded_options())))
     return build_calendar(rows, name=f"GPU reservations of {user.username}", settings=settings, viewer=user)
 
 
@@ -123,7 +123,7 @@ def host_feed(session: Session, *, token: str, settings: Settings, now: datetime
     if host is None:
         raise NotFound("no calendar feed at this address", field="token")
     q = _window(select(Reservation).where(Reservation.host_id == host.id), now)
-    rows = list(session.scalars(q.options(*reservation_service._loaded())))
+    rows = list(session.scalars(q.options(*reservation_service.loaded_options())))
     return build_calendar(rows, name=f"GPU reservations on {host.name}", settings=settings)
 
 

@@ -1,4 +1,5 @@
-"""Reservations: booking, conflicts, changes, cancellation and release.
+"""Reservations: booking, changes, cancellation and release (the conflict checks they rely
+on are :mod:`app.services.conflicts`).
 
 No double booking is decided by the database (see ``app.models.reservation``): on SQLite
 the request's transaction was begun with ``BEGIN IMMEDIATE`` before the conflict check
@@ -9,20 +10,18 @@ violation is turned into :class:`ReservationConflict` (409) naming the conflicts
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.errors import Conflict, Forbidden, HistoryImmutable, InvalidInput, NotFound, ReservationConflict
+from app.errors import Forbidden, HistoryImmutable, InvalidInput, NotFound
 from app.models import (
     AuditLog,
     Device,
-    DeviceTelemetry,
     Group,
     Host,
     Reservation,
@@ -31,14 +30,14 @@ from app.models import (
     User,
     utcnow,
 )
-from app.schemas.reservation import ConflictRef, DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
+from app.schemas.reservation import DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import hosts as host_service
 from app.services import placement
 from app.services import rules as rules_service
+from app.services.conflicts import (check_health, conflict_error, devices_sorted, find_conflicts, insert_items,
+                                    loaded_options, resolve_devices, write_guarded)
 from app.services.intervals import parse_interval, validate_interval
 from app.timeutil import parse_instant
-
-# Slack for "past" checks: a request that says "start now" may arrive a little late.
 
 
 def reservation_state(r: Reservation, now: datetime) -> str:
@@ -54,19 +53,9 @@ def reservation_state(r: Reservation, now: datetime) -> str:
     return "ended"
 
 
-def _loaded() -> list:
-    return [
-        selectinload(Reservation.items).selectinload(ReservationDevice.device),
-        selectinload(Reservation.user),
-        selectinload(Reservation.host),
-        selectinload(Reservation.shares).selectinload(ReservationShare.user),
-        selectinload(Reservation.shares).selectinload(ReservationShare.group),
-    ]
-
-
 def get_reservation(session: Session, reservation_id: int) -> Reservation:
     """The reservation with devices, user, host and shares loaded; raises NotFound."""
-    r = session.scalar(select(Reservation).where(Reservation.id == reservation_id).options(*_loaded()))
+    r = session.scalar(select(Reservation).where(Reservation.id == reservation_id).options(*loaded_options()))
     if r is None:
         raise NotFound(f"reservation {reservation_id} not found", field="id")
     return r
@@ -74,11 +63,7 @@ def get_reservation(session: Session, reservation_id: int) -> Reservation:
 
 def cuda_visible_devices(r: Reservation) -> str:
     """``CUDA_VISIBLE_DEVICES`` for the reservation: its device UUIDs in index order."""
-    return ",".join(d.uuid for d in _devices_sorted(r))
-
-
-def _devices_sorted(r: Reservation) -> list[Device]:
-    return sorted((i.device for i in r.items), key=lambda d: (d.index if d.index is not None else 1 << 30, d.uuid))
+    return ",".join(d.uuid for d in devices_sorted(r))
 
 
 def share_names(r: Reservation) -> list[str]:
@@ -96,7 +81,7 @@ def to_read(r: Reservation, now: datetime | None = None) -> ReservationRead:
         host=r.host.name,
         devices=[
             DeviceRef(uuid=d.uuid, index=d.index, name=d.name, pci_bus_id=d.pci_bus_id, mig_profile=d.mig_profile)
-            for d in _devices_sorted(r)
+            for d in devices_sorted(r)
         ],
         start=r.start_at,
         end=r.end_at,
@@ -109,179 +94,6 @@ def to_read(r: Reservation, now: datetime | None = None) -> ReservationRead:
         created_at=r.created_at,
         override_reason=r.override_reason,
     )
-
-
-# ---------------------------------------------------------------------------- devices
-
-
-def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) -> list[Device]:
-    """Map UUIDs or indices of ``host`` to devices (index = whole GPUs only, MIG by UUID).
-
-    Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
-    """
-    texts = [str(r).strip() for r in refs]
-    indices = [int(t) for t in texts if t.isdigit() and int(t) < 2**31]
-    devices = list(
-        session.scalars(
-            select(Device).where(
-                Device.host_id == host.id,
-                Device.retired_at.is_(None),
-                or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
-            )
-        )
-    )
-    by_uuid = {d.uuid: d for d in devices}
-    by_index = {d.index: d for d in devices if d.parent_id is None and d.index is not None}
-    out: list[Device] = []
-    for ref in refs:
-        text = str(ref).strip()
-        dev = by_uuid.get(text)
-        if dev is None and (isinstance(ref, int) or text.isdigit()):
-            dev = by_index.get(int(text))
-        if dev is None:
-            raise InvalidInput(f"devices: {text!r} is not a device of host {host.name!r}", field="devices")
-        if dev in out:
-            raise InvalidInput(f"devices: {text!r} is listed twice", field="devices")
-        out.append(dev)
-    ids = {d.id for d in out}
-    for d in out:
-        if d.parent_id is not None and d.parent_id in ids:
-            raise InvalidInput(
-                f"devices: MIG instance {d.uuid} is part of a whole GPU also requested; ask for one or the other",
-                field="devices",
-            )
-    return out
-
-
-def _check_health(session: Session, devices: Iterable[Device]) -> None:
-    ids = [d.id for d in devices]
-    lost = session.execute(
-        select(Device.uuid, DeviceTelemetry.error)
-        .join(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
-        .where(Device.id.in_(ids), DeviceTelemetry.health == "lost")
-    ).all()
-    if lost:
-        names = ", ".join(u for u, _ in lost)
-        raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
-
-
-# ---------------------------------------------------------------------------- conflicts
-
-
-def _overlap_clause(devices: Sequence[Device], start: datetime, end: datetime):
-    """SQL predicate for active reservation_devices rows that exclude ``devices`` in ``[start, end)``."""
-    per_device = []
-    for d in devices:
-        kind = 1 if d.parent_id else 0
-        per_device.append(
-            or_(
-                ReservationDevice.device_id == d.id,
-                and_(ReservationDevice.physical_id == d.physical_id, ReservationDevice.slice_kind != kind),
-            )
-        )
-    return and_(
-        ReservationDevice.active.is_(True),
-        ReservationDevice.start_at < end,
-        ReservationDevice.end_at > start,
-        or_(*per_device),
-    )
-
-
-def find_conflicts(
-    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None = None
-) -> list[Reservation]:
-    """Active reservations holding any of ``devices`` (or their MIG parent/slices) in ``[start, end)``."""
-    q = select(ReservationDevice.reservation_id).where(_overlap_clause(devices, start, end))
-    if exclude_id is not None:
-        q = q.where(ReservationDevice.reservation_id != exclude_id)
-    ids = set(session.scalars(q))
-    if not ids:
-        return []
-    return list(session.scalars(select(Reservation).where(Reservation.id.in_(ids)).options(*_loaded()).order_by(Reservation.start_at)))
-
-
-def earliest_free_start(
-    session: Session, *, devices: Sequence[Device], after: datetime, length: timedelta, exclude_id: int | None = None
-) -> datetime:
-    """The earliest instant ``t >= after`` at which all ``devices`` are free for ``[t, t + length)``."""
-    q = select(ReservationDevice.start_at, ReservationDevice.end_at).where(
-        _overlap_clause(devices, after, datetime.max.replace(tzinfo=after.tzinfo))
-    )
-    if exclude_id is not None:
-        q = q.where(ReservationDevice.reservation_id != exclude_id)
-    busy = sorted(session.execute(q).all())
-    t = after
-    moved = True
-    while moved:
-        moved = False
-        for s, e in busy:
-            if s < t + length and e > t:
-                t = e
-                moved = True
-    return t
-
-
-def _conflict_error(
-    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None
-) -> ReservationConflict:
-    conflicts = find_conflicts(session, devices=devices, start=start, end=end, exclude_id=exclude_id)
-    free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
-    refs = [
-        ConflictRef(
-            id=c.id, user=c.user.username, devices=[d.uuid for d in _devices_sorted(c)], start=c.start_at, end=c.end_at
-        ).model_dump(mode="json")
-        for c in conflicts
-    ]
-    what = "; ".join(
-        f"#{c['id']} by {c['user']} on {', '.join(c['devices'])} [{c['start']}, {c['end']})" for c in refs
-    ) or "a reservation committed concurrently"
-    return ReservationConflict(
-        f"requested devices are reserved: {what}; all free from {free.isoformat()}",
-        conflicts=refs,
-        earliest_free_start=free.isoformat(),
-    )
-
-
-def _insert_items(session: Session, r: Reservation, devices: Sequence[Device]) -> None:
-    for d in devices:
-        r.items.append(
-            ReservationDevice(
-                device=d,
-                physical_id=d.physical_id,
-                slice_kind=1 if d.parent_id else 0,
-                start_at=r.start_at,
-                end_at=r.end_at,
-                active=True,
-            )
-        )
-
-
-def _write_guarded(
-    session: Session,
-    mutate: Callable[[], None],
-    *,
-    devices: Sequence[Device],
-    start: datetime,
-    end: datetime,
-    exclude_id: int | None,
-) -> None:
-    """Run ``mutate()`` and flush inside a savepoint; an exclusion violation (PostgreSQL
-    23P01: another transaction committed an overlapping reservation meanwhile) rolls back
-    just the savepoint and becomes a 409 naming the conflict."""
-    if session.get_bind().dialect.name == "sqlite":
-        # serialised by BEGIN IMMEDIATE and checked just before: no savepoint needed
-        mutate()
-        session.flush()
-        return
-    try:
-        with session.begin_nested():
-            mutate()
-            session.flush()
-    except IntegrityError as e:
-        code = getattr(e.orig, "sqlstate", None)
-        if code == "23P01":
-            raise _conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id) from None
-        raise
 
 
 # ---------------------------------------------------------------------------- create / change
@@ -373,7 +185,7 @@ def create_reservation(
             raise InvalidInput("host: required when 'devices' are given", field="host")
         host = host_service.get_host(session, data.host)
         devices = resolve_devices(session, host=host, refs=data.devices or [])
-    _check_health(session, devices)
+    check_health(session, devices)
 
     rules_service.validate_reservation(
         session,
@@ -390,7 +202,7 @@ def create_reservation(
     )
 
     if find_conflicts(session, devices=devices, start=interval.start, end=interval.end):
-        raise _conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+        raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
 
     r = Reservation(
         user=owner,
@@ -407,9 +219,9 @@ def create_reservation(
     # relationships are lazy="raise": initialise collections explicitly on the new object
     r.items = []
     r.shares = _resolve_shares(session, data.share_with or [])
-    _insert_items(session, r, sorted(devices, key=lambda d: d.id))  # one lock order for every writer
+    insert_items(session, r, sorted(devices, key=lambda d: d.id))  # one lock order for every writer
 
-    _write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+    write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None)
     session.add(
         AuditLog(
             actor=f"user:{actor.username}",
@@ -470,7 +282,7 @@ def update_reservation(
         if new_end != r.end_at:
             devices = [i.device for i in r.items]
             if new_end > r.end_at and find_conflicts(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id):
-                raise _conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id)
+                raise conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id)
             rules_service.validate_reservation(
                 session,
                 owner=r.user,
@@ -492,7 +304,7 @@ def update_reservation(
                     i.end_at = new_end
 
             session.flush()
-            _write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id)
+            write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id)
             session.add(
                 AuditLog(
                     actor=f"user:{actor.username}",
@@ -583,5 +395,5 @@ def list_reservations(
                 "state: one of upcoming, active, ended, cancelled, released", field="state"
             )
     total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
-    rows = list(session.scalars(q.options(*_loaded()).order_by(Reservation.start_at, Reservation.id).limit(limit).offset(offset)))
+    rows = list(session.scalars(q.options(*loaded_options()).order_by(Reservation.start_at, Reservation.id).limit(limit).offset(offset)))
     return rows, total

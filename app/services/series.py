@@ -43,6 +43,7 @@ from app.models import AuditLog, Device, Host, Reservation, ReservationSeries, U
 from app.schemas.reservation import ConflictRef
 from app.schemas.series import MAX_OCCURRENCES, OccurrenceRead, SeriesCreate, SeriesRead
 from app.services import hosts as host_service
+from app.services import conflicts as conflict_service
 from app.services import reservations as reservation_service
 from app.services.intervals import PAST_SLACK
 from app.services import rules as rules_service
@@ -268,7 +269,7 @@ def _book(
             override_reason=data.override_reason, now=now, tz=ZoneInfo(settings.timezone),
             label=f"occurrence {_local(start, tz)}",
         )
-        clash = reservation_service.find_conflicts(session, devices=devices, start=start, end=end)
+        clash = conflict_service.find_conflicts(session, devices=devices, start=start, end=end)
         if clash:
             conflicts.append({
                 "day": day.isoformat(), "start": start.isoformat(), "end": end.isoformat(), "local_start": _local(start, tz),
@@ -281,8 +282,8 @@ def _book(
                         recurrence_start=start, sequence=0, created_at=now, updated_at=now)
         r.items = []
         r.shares = reservation_service._resolve_shares(session, shares)
-        reservation_service._insert_items(session, r, sorted(devices, key=lambda d: d.id))
-        reservation_service._write_guarded(session, lambda r=r: session.add(r), devices=devices, start=start, end=end,
+        conflict_service.insert_items(session, r, sorted(devices, key=lambda d: d.id))
+        conflict_service.write_guarded(session, lambda r=r: session.add(r), devices=devices, start=start, end=end,
                                            exclude_id=None)
         rows.append(_Row(r.id, start, end, reservation_service.reservation_state(r, now), 0))
     if conflicts:
@@ -319,8 +320,8 @@ def create_series(
     if data.duration.total_seconds() < settings.min_reservation_seconds:
         raise InvalidInput(f"duration: at least {settings.min_reservation_seconds} s", field="duration")
     host = host_service.get_host(session, data.host)
-    devices = reservation_service.resolve_devices(session, host=host, refs=data.devices)
-    reservation_service._check_health(session, devices)
+    devices = conflict_service.resolve_devices(session, host=host, refs=data.devices)
+    conflict_service.check_health(session, devices)
     kw = dict(actor=actor, owner=owner, host=host, devices=devices, data=data, settings=settings, now=now, tz=tz,
               start_time=start_time, weekdays=weekdays)
     if not data.dry_run:
@@ -350,7 +351,7 @@ def cancel_series(session: Session, *, actor: User, series_id: int, now: datetim
     cancelled = 0
     kept: list[int] = []
     for r in session.scalars(
-        select(Reservation).where(Reservation.series_id == s.id).options(*reservation_service._loaded())
+        select(Reservation).where(Reservation.series_id == s.id).options(*reservation_service.loaded_options())
     ):
         if reservation_service.reservation_state(r, now) == "upcoming":
             r.status = "cancelled"

@@ -28,6 +28,7 @@ from app.errors import AppError, InvalidInput, ReservationConflict
 from app.services import metrics as metrics_service
 from app.models import Device, Host, Reservation, utcnow
 from app.schemas.reservation import ReservationCreate
+from app.services import conflicts as conflict_service
 from app.services import devices as device_service
 from app.services import hosts as host_service
 from app.services import reservations as reservation_service
@@ -194,7 +195,7 @@ def check_booking(session: Session, *, form: BookForm, settings: Settings, now: 
     host = host_service.get_host(session, data.host or "")
     devices = reservation_service.resolve_devices(session, host=host, refs=data.devices or [])
     conflicts = reservation_service.find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
-    free = reservation_service.earliest_free_start(
+    free = conflict_service.earliest_free_start(
         session, devices=devices, after=max(interval.start, now), length=interval.end - interval.start
     )
     all_devices = list(session.scalars(select(Device).where(Device.host_id == host.id)))

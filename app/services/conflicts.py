@@ -1,0 +1,205 @@
+"""What a booking must pass before it is written: the devices it names exist and are
+healthy, and none is reserved by another live reservation for an overlapping ``[start, end)``
+(a whole GPU and its MIG slices exclude each other); then the guarded write, whose
+exclusion-constraint violation (PostgreSQL) becomes a 409 naming the conflicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+
+from app.errors import Conflict, InvalidInput, ReservationConflict
+from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
+from app.schemas.reservation import ConflictRef
+
+
+def loaded_options() -> list:
+    """Loader options for a reservation with devices, user, host and shares (relationships
+    are ``lazy="raise"``)."""
+    return [
+        selectinload(Reservation.items).selectinload(ReservationDevice.device),
+        selectinload(Reservation.user),
+        selectinload(Reservation.host),
+        selectinload(Reservation.shares).selectinload(ReservationShare.user),
+        selectinload(Reservation.shares).selectinload(ReservationShare.group),
+    ]
+
+
+def devices_sorted(r: Reservation) -> list[Device]:
+    """The reservation's devices in index order (UUID for devices without an index)."""
+    return sorted((i.device for i in r.items), key=lambda d: (d.index if d.index is not None else 1 << 30, d.uuid))
+
+
+def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) -> list[Device]:
+    """Map UUIDs or indices of ``host`` to devices (index = whole GPUs only, MIG by UUID).
+
+    Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
+    """
+    texts = [str(r).strip() for r in refs]
+    indices = [int(t) for t in texts if t.isdigit() and int(t) < 2**31]
+    devices = list(
+        session.scalars(
+            select(Device).where(
+                Device.host_id == host.id,
+                Device.retired_at.is_(None),
+                or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
+            )
+        )
+    )
+    by_uuid = {d.uuid: d for d in devices}
+    by_index = {d.index: d for d in devices if d.parent_id is None and d.index is not None}
+    out: list[Device] = []
+    for ref in refs:
+        text = str(ref).strip()
+        dev = by_uuid.get(text)
+        if dev is None and (isinstance(ref, int) or text.isdigit()):
+            dev = by_index.get(int(text))
+        if dev is None:
+            raise InvalidInput(f"devices: {text!r} is not a device of host {host.name!r}", field="devices")
+        if dev in out:
+            raise InvalidInput(f"devices: {text!r} is listed twice", field="devices")
+        out.append(dev)
+    ids = {d.id for d in out}
+    for d in out:
+        if d.parent_id is not None and d.parent_id in ids:
+            raise InvalidInput(
+                f"devices: MIG instance {d.uuid} is part of a whole GPU also requested; ask for one or the other",
+                field="devices",
+            )
+    return out
+
+
+def check_health(session: Session, devices: Iterable[Device]) -> None:
+    ids = [d.id for d in devices]
+    lost = session.execute(
+        select(Device.uuid, DeviceTelemetry.error)
+        .join(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+        .where(Device.id.in_(ids), DeviceTelemetry.health == "lost")
+    ).all()
+    if lost:
+        names = ", ".join(u for u, _ in lost)
+        raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
+
+
+# ---------------------------------------------------------------------------- conflicts
+
+
+def _overlap_clause(devices: Sequence[Device], start: datetime, end: datetime):
+    """SQL predicate for active reservation_devices rows that exclude ``devices`` in ``[start, end)``."""
+    per_device = []
+    for d in devices:
+        kind = 1 if d.parent_id else 0
+        per_device.append(
+            or_(
+                ReservationDevice.device_id == d.id,
+                and_(ReservationDevice.physical_id == d.physical_id, ReservationDevice.slice_kind != kind),
+            )
+        )
+    return and_(
+        ReservationDevice.active.is_(True),
+        ReservationDevice.start_at < end,
+        ReservationDevice.end_at > start,
+        or_(*per_device),
+    )
+
+
+def find_conflicts(
+    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None = None
+) -> list[Reservation]:
+    """Active reservations holding any of ``devices`` (or their MIG parent/slices) in ``[start, end)``."""
+    q = select(ReservationDevice.reservation_id).where(_overlap_clause(devices, start, end))
+    if exclude_id is not None:
+        q = q.where(ReservationDevice.reservation_id != exclude_id)
+    ids = set(session.scalars(q))
+    if not ids:
+        return []
+    return list(session.scalars(select(Reservation).where(Reservation.id.in_(ids)).options(*loaded_options()).order_by(Reservation.start_at)))
+
+
+def earliest_free_start(
+    session: Session, *, devices: Sequence[Device], after: datetime, length: timedelta, exclude_id: int | None = None
+) -> datetime:
+    """The earliest instant ``t >= after`` at which all ``devices`` are free for ``[t, t + length)``."""
+    q = select(ReservationDevice.start_at, ReservationDevice.end_at).where(
+        _overlap_clause(devices, after, datetime.max.replace(tzinfo=after.tzinfo))
+    )
+    if exclude_id is not None:
+        q = q.where(ReservationDevice.reservation_id != exclude_id)
+    busy = sorted(session.execute(q).all())
+    t = after
+    moved = True
+    while moved:
+        moved = False
+        for s, e in busy:
+            if s < t + length and e > t:
+                t = e
+                moved = True
+    return t
+
+
+def conflict_error(
+    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None
+) -> ReservationConflict:
+    conflicts = find_conflicts(session, devices=devices, start=start, end=end, exclude_id=exclude_id)
+    free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
+    refs = [
+        ConflictRef(
+            id=c.id, user=c.user.username, devices=[d.uuid for d in devices_sorted(c)], start=c.start_at, end=c.end_at
+        ).model_dump(mode="json")
+        for c in conflicts
+    ]
+    what = "; ".join(
+        f"#{c['id']} by {c['user']} on {', '.join(c['devices'])} [{c['start']}, {c['end']})" for c in refs
+    ) or "a reservation committed concurrently"
+    return ReservationConflict(
+        f"requested devices are reserved: {what}; all free from {free.isoformat()}",
+        conflicts=refs,
+        earliest_free_start=free.isoformat(),
+    )
+
+
+def insert_items(session: Session, r: Reservation, devices: Sequence[Device]) -> None:
+    for d in devices:
+        r.items.append(
+            ReservationDevice(
+                device=d,
+                physical_id=d.physical_id,
+                slice_kind=1 if d.parent_id else 0,
+                start_at=r.start_at,
+                end_at=r.end_at,
+                active=True,
+            )
+        )
+
+
+def write_guarded(
+    session: Session,
+    mutate: Callable[[], None],
+    *,
+    devices: Sequence[Device],
+    start: datetime,
+    end: datetime,
+    exclude_id: int | None,
+) -> None:
+    """Run ``mutate()`` and flush inside a savepoint; an exclusion violation (PostgreSQL
+    23P01: another transaction committed an overlapping reservation meanwhile) rolls back
+    just the savepoint and becomes a 409 naming the conflict."""
+    if session.get_bind().dialect.name == "sqlite":
+        # serialised by BEGIN IMMEDIATE and checked just before: no savepoint needed
+        mutate()
+        session.flush()
+        return
+    try:
+        with session.begin_nested():
+            mutate()
+            session.flush()
+    except IntegrityError as e:
+        code = getattr(e.orig, "sqlstate", None)
+        if code == "23P01":
+            raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id) from None
+        raise
