@@ -1,0 +1,63 @@
+"""How the member commands print: times in the lab's zone, spans, sizes, tables, JSON."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import typer
+
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def as_datetime(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def fmt_time(dt: datetime | None, tz: ZoneInfo, now: datetime | None = None) -> str:
+    """``14:00`` today, ``Tue 24 Mar 14:00`` another day (year added if not this year)."""
+    if dt is None:
+        return "-"
+    local = dt.astimezone(tz)
+    ref = (now or datetime.now(UTC)).astimezone(tz)
+    if local.date() == ref.date():
+        return local.strftime("%H:%M")
+    return local.strftime("%a %d %b %H:%M" if local.year == ref.year else "%a %d %b %Y %H:%M")
+
+
+def fmt_span(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m = s // 60
+    return (f"{d}d" if d else "") + (f"{h}h" if h else "") + (f"{m}m" if m and not d else "") or f"{s}s"
+
+
+def gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}G"
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def devices_text(r: dict) -> str:
+    return ",".join(str(d["index"]) if d.get("index") is not None else d["uuid"] for d in r["devices"])
+
+
+def reservation_line(r: dict, tz: ZoneInfo) -> str:
+    models = sorted({d.get("name") or "?" for d in r["devices"]})
+    return (f"#{r['id']} {r['state']} on {r['host']}: GPU {devices_text(r)} ({', '.join(models)}) "
+            f"{fmt_time(as_datetime(r['start']), tz)} – {fmt_time(as_datetime(r['end']), tz)} ({tz.key})")

@@ -1,0 +1,157 @@
+"""``gpuroster run``: run a command on reserved GPUs (reserving them first if asked), with
+``CUDA_VISIBLE_DEVICES`` set to their UUIDs, the terminal handed to the child and the
+reservation given back when it was made for this run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from app.client.api import ApiError, Unreachable
+from app.client.context import USAGE, Ctx, Fail, active_on, reservation_body, this_host
+from app.client.formatting import as_datetime, devices_text, fmt_time
+
+# ---------------------------------------------------------------------------- run
+
+
+def run(
+    ctx: Ctx,
+    cmd: Annotated[list[str], typer.Argument(help="the command, after --")],
+    count: Annotated[int, typer.Option("--count", "-n", min=1, max=64, help="how many GPUs")] = 1,
+    duration: Annotated[str | None, typer.Option("--for", help="how long to reserve: 90m, 4h, 2d")] = None,
+    host: Annotated[str | None, typer.Option(help="instead of this machine (socket.gethostname())")] = None,
+    model: Annotated[str | None, typer.Option(help="GPU model contains this")] = None,
+    min_memory: Annotated[str | None, typer.Option(help="per GPU, e.g. 40G")] = None,
+    rid: Annotated[int | None, typer.Option("--id", help="use this reservation")] = None,
+    note: Annotated[str | None, typer.Option(help="note for a new reservation")] = None,
+) -> None:
+    """Run a command on reserved GPUs of this host, then release them.
+
+    Reuses your active reservation with enough GPUs (or --id), else reserves -n GPUs --for asap.
+
+    It waits for the start, runs the command with CUDA_VISIBLE_DEVICES set and exits with its status.
+
+    A reservation made by run is released when the command exits, also on Ctrl-C (signals go to it first).
+    """
+    if not cmd:
+        raise Fail("give the command after --, e.g. gpuroster run -n 1 --for 2h -- python train.py", USAGE)
+    h = this_host(ctx, host)
+    created = False
+    if rid is not None:
+        r = ctx.api.get(f"/reservations/{rid}")
+    else:
+        usable = [x for x in active_on(ctx, h) if len(x["devices"]) >= count]
+        if usable:
+            r = usable[0]
+        else:
+            if not duration:
+                raise Fail(f"you hold no active reservation with {count} GPU(s) on {h}; give --for to reserve one", USAGE)
+            body = reservation_body(ctx, duration=duration, count=count, start="asap", host=h, model=model,
+                                     min_memory=min_memory, device=None, note=note or f"gpuroster run: {' '.join(cmd)}"[:1024],
+                                     share=None)
+            r = ctx.api.post("/reservations", body)
+            created = True
+    if r["host"] != h:
+        raise Fail(f"reservation #{r['id']} is on {r['host']}, not on this host ({h})")
+    code = _run_reserved(ctx, r, cmd, created=created)
+    raise typer.Exit(code)
+
+
+def _run_reserved(ctx: Ctx, r: dict, cmd: list[str], *, created: bool) -> int:
+    stop: list[int] = []
+    child: subprocess.Popen | None = None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.append(signum)
+        if child is not None and child.poll() is None:
+            try:
+                os.killpg(child.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in handled}
+    tty = _controlling_tty()
+    try:
+        start = as_datetime(r["start"])
+        if start and start > datetime.now(UTC):
+            typer.echo(f"waiting for #{r['id']} on {r['host']} (GPU {devices_text(r)}) to start at "
+                       f"{fmt_time(start, ctx.tz)} ({ctx.tz.key}); Ctrl-C cancels it", err=True)
+            while not stop and (start - datetime.now(UTC)).total_seconds() > 0:
+                time.sleep(min(0.5, max(0.0, (start - datetime.now(UTC)).total_seconds())))
+            if stop:
+                return 128 + stop[0]
+        environ = {**os.environ, "CUDA_VISIBLE_DEVICES": r["cuda_visible_devices"], "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                   "GPUROSTER_RESERVATION_ID": str(r["id"])}
+        try:
+            child = subprocess.Popen(cmd, env=environ, preexec_fn=_foreground_child(tty) if tty is not None else None,
+                                     process_group=None if tty is not None else 0)
+        except OSError as e:
+            typer.echo(f"error: cannot start {cmd[0]!r}: {e.strerror or e}", err=True)
+            return 127
+        if stop:  # a signal arrived while the child was being started
+            os.killpg(child.pid, stop[0])
+        while True:
+            try:
+                rc = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries wait() for us
+                continue
+        return 128 - rc if rc < 0 else rc
+    finally:
+        if tty is not None:
+            _take_terminal_back(tty)
+        if created:
+            _give_back(ctx, r)
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _give_back(ctx: Ctx, r: dict) -> None:
+    try:
+        out = ctx.api.post(f"/reservations/{r['id']}/release")
+        typer.echo(f"gpuroster: #{out['id']} {out['state']}", err=True)
+    except (ApiError, Unreachable) as e:
+        typer.echo(f"gpuroster: could not release #{r['id']}: {e}; run 'gpuroster release {r['id']}'", err=True)
+
+
+def _controlling_tty() -> int | None:
+    """stdin's fd if it is our controlling terminal and we are in its foreground group."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return 0
+    except OSError:
+        pass
+    return None
+
+
+def _foreground_child(tty: int) -> Callable[[], None]:
+    """In the child: a process group of its own that owns the terminal, so Ctrl-C reaches
+    the command exactly once (not forwarded a second time by us)."""
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(tty, os.getpgrp())
+        finally:
+            signal.signal(signal.SIGTTOU, old)
+
+    return setup
+
+
+def _take_terminal_back(tty: int) -> None:
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(tty, os.getpgrp())
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
