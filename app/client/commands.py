@@ -468,7 +468,7 @@ def status(
         until = fmt_time(_dt(holder["end"]), tz, now) if holder else ""
         if nxt and not holder:
             until = f"next {nxt['user']} {fmt_time(_dt(nxt['start']), tz, now)}"
-        procs = " ".join(f"{p.get('unix_user') or '?'}:{p.get('name') or p['pid']}({p['pid']})"
+        procs = " ".join(f"{_owner_text(p)}:{p.get('name') or p['pid']}({p['pid']})"
                          + (f" {_gib(p['used_memory_mib'])}" if p.get("used_memory_mib") else "")
                          for p in d.get("processes", []))
         gpu = str(d["index"]) if d.get("index") is not None else "-"
@@ -477,6 +477,15 @@ def status(
         rows.append([d["host"], gpu, (d.get("name") or "?").replace("NVIDIA ", ""), mem, util, d["status"], who, until, procs])
     typer.echo(table(rows, ["HOST", "GPU", "MODEL", "MEMORY", "UTIL", "STATUS", "HOLDER", "UNTIL", "PROCESSES"]))
     typer.echo(f"times in {tz.key}")
+
+
+def _owner_text(p: dict) -> str:
+    """A process's owner for the status table; an owner nobody can name is said so."""
+    if p.get("owner_status") == "unattributed":
+        return "[unattributed container]"
+    if p.get("owner_status") == "uid_only":
+        return f"[{p.get('owner') or 'uid ' + str(p.get('uid'))}]"
+    return p.get("unix_user") or "?"
 
 
 def env(
