@@ -12,6 +12,7 @@ import getpass
 import inspect
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -479,6 +480,18 @@ def status(
     typer.echo(f"times in {tz.key}")
 
 
+#: The container label the agent reads a container's owner from (its default owner label).
+OWNER_LABEL = "org.gpuroster.user"
+
+
+def docker_args(ctx: Ctx, uuids: str) -> list[str]:
+    """``docker run`` arguments for the reserved GPUs: ``--gpus "device=<uuids>"`` and the owner
+    label ``org.gpuroster.user=<your unix name>``, so the agent attributes the container's
+    processes (which run as root on the host) to you."""
+    me = ctx.api.get("/me")
+    return ["--gpus", f'"device={uuids}"', "--label", f"{OWNER_LABEL}={me['unix_name']}"]
+
+
 def _owner_text(p: dict) -> str:
     """A process's owner for the status table; an owner nobody can name is said so."""
     if p.get("owner_status") == "unattributed":
@@ -492,7 +505,7 @@ def env(
     ctx: Ctx,
     host: Annotated[str | None, typer.Option(help="instead of this machine (socket.gethostname())")] = None,
     rid: Annotated[int | None, typer.Option("--id", help="this reservation instead of your active one")] = None,
-    docker: Annotated[bool, typer.Option("--docker", help="print the --gpus value for docker run")] = False,
+    docker: Annotated[bool, typer.Option("--docker", help="print the --gpus value and the owner label for docker run")] = False,
 ) -> None:
     """Print shell exports for your active reservation on this host.
 
@@ -503,7 +516,7 @@ def env(
     r = _pick(ctx, rid, host, "env")
     uuids = r["cuda_visible_devices"]
     if docker:
-        typer.echo(f"--gpus '\"device={uuids}\"'")
+        typer.echo(" ".join(shlex.quote(a) for a in docker_args(ctx, uuids)))
         return
     typer.echo(f"export CUDA_VISIBLE_DEVICES={uuids}")
     typer.echo("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
@@ -550,6 +563,8 @@ def run(
     min_memory: Annotated[str | None, typer.Option(help="per GPU, e.g. 40G")] = None,
     rid: Annotated[int | None, typer.Option("--id", help="use this reservation")] = None,
     note: Annotated[str | None, typer.Option(help="note for a new reservation")] = None,
+    docker: Annotated[bool, typer.Option("--docker", help="the command is 'docker run …' (or podman): add the "
+                                          "--gpus value and the owner label after 'run'")] = False,
 ) -> None:
     """Run a command on reserved GPUs of this host, then release them.
 
@@ -561,6 +576,8 @@ def run(
     """
     if not cmd:
         raise Fail("give the command after --, e.g. gpuroster run -n 1 --for 2h -- python train.py", USAGE)
+    if docker and ("run" not in cmd[1:2] or os.path.basename(cmd[0]) not in ("docker", "podman")):
+        raise Fail("--docker: give the container command after --, e.g. gpuroster run --docker -- docker run IMAGE", USAGE)
     h = _this_host(ctx, host)
     created = False
     if rid is not None:
@@ -579,6 +596,8 @@ def run(
             created = True
     if r["host"] != h:
         raise Fail(f"reservation #{r['id']} is on {r['host']}, not on this host ({h})")
+    if docker:
+        cmd = [cmd[0], "run", *docker_args(ctx, r["cuda_visible_devices"]), *cmd[2:]]
     code = _run_reserved(ctx, r, cmd, created=created)
     raise typer.Exit(code)
 
