@@ -360,3 +360,17 @@ def test_B36_clock_step_leaves_one_identity_one_finding_and_kills_on_schedule(
     assert "terminated" not in states[:-1] and states[-1] == "terminated"
     assert [r for r, _ in notifier.sent] == ["nobody", "user-b"]  # one notice, one note to the holder
     assert p.returncode == -signal.SIGKILL
+
+
+def test_container_settings_from_toml_and_a_rule_without_user_group_is_refused(tmp_path: Path) -> None:
+    from agent.config import load_settings
+
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('container_owner_label = "lab.owner"\ncontainer_name_pattern = "^(?P<user>[a-z]+)-"\n'
+                   'container_sockets = ["/run/user/1000/podman/podman.sock"]\n')
+    s = load_settings({}, cfg, env=False)
+    assert (s.container_owner_label, s.container_name_pattern) == ("lab.owner", "^(?P<user>[a-z]+)-")
+    assert s.container_sockets == [Path("/run/user/1000/podman/podman.sock")]
+    cfg.write_text('container_compose_pattern = "^([a-z]+)-"\n')
+    with pytest.raises(ValueError, match="user"):
+        load_settings({}, cfg, env=False)
