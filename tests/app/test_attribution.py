@@ -82,7 +82,8 @@ def test_B38_unattributed_container_finding_reaches_the_api_and_the_device_view(
                "first_seen": NOW.isoformat(), "last_seen": NOW.isoformat(), "state": "open"}
     body = snapshot_body("node-01", 2, devices, [proc], findings=[finding])
     assert client.post("/api/v1/agent/snapshots", json=body, headers=lab.host.headers).status_code == 200
-    [f] = client.get("/api/v1/findings", headers=lab.admin.headers).json()["items"]
+    [f] = client.get("/api/v1/findings", params={"kind": "unattributed"}, headers=lab.admin.headers).json()["items"]
+    assert client.get("/api/v1/findings", params={"kind": "unknown_uid"}, headers=lab.admin.headers).json()["items"] == []
     assert (f["kind"], f["unix_user"], f["holder"], f["container_id"], f["container_name"], f["container_image"]) == (
         "unattributed", None, "bob", CID, "jupyter", "jupyter/base-notebook:latest")
     [d0] = [d for d in client.get("/api/v1/devices", headers=lab.bob.headers).json() if d["uuid"] == lab.devices[0]]
