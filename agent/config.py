@@ -44,6 +44,11 @@ class AgentSettings(BaseSettings):
         default_factory=lambda: [Path("/var/run/docker.sock"), Path("/run/podman/podman.sock")],
         description="Unix sockets speaking the Docker Engine API (Docker, Podman), asked for container owners",
     )
+    container_state_dirs: list[Path] = Field(
+        default_factory=lambda: [Path("/run/containerd/io.containerd.runtime.v2.task"),
+                                 Path("/run/containers/storage/overlay-containers")],
+        description="containerd / CRI-O state directories read for Kubernetes containers (OCI annotations)",
+    )
     container_owner_label: str = Field(default="org.gpuroster.user", min_length=1, max_length=256,
                                        description="container label naming the owner")
     container_name_pattern: str | None = Field(

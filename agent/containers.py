@@ -13,6 +13,14 @@ who started it. The agent asks the runtime's Docker Engine API (Docker's
    carry ``io.kubernetes.pod.namespace``, matched by the same rule when the project label
    is absent).
 
+Containers that no Docker-API runtime knows (Kubernetes on containerd or CRI-O) are looked up
+in the runtimes' state files where the agent can read them: the OCI ``config.json`` of the
+container (containerd: ``/run/containerd/io.containerd.runtime.v2.task/<ns>/<id>/``, CRI-O:
+``/run/containers/storage/overlay-containers/<id>/userdata/``), whose annotations carry the
+pod's namespace and name, the container's name and image (and, from CRI-O, its labels). The
+same rules apply to them: the owner label among the annotations and labels, then the name
+rule on the pod name, then the compose rule on the pod namespace.
+
 Answers are cached per container id: a found container for ``ttl`` seconds (labels cannot
 change while a container exists), a container no runtime knows for ``negative_ttl`` seconds
 (it may just have been created). A poll therefore costs one HTTP request per new container
@@ -21,6 +29,7 @@ and none for the ones already seen. No runtime socket at all means no request.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -34,6 +43,16 @@ import httpx
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKETS = (Path("/var/run/docker.sock"), Path("/run/podman/podman.sock"))
+CONTAINERD_STATE = Path("/run/containerd/io.containerd.runtime.v2.task")
+CRIO_STATE = Path("/run/containers/storage/overlay-containers")
+DEFAULT_STATE_DIRS = (CONTAINERD_STATE, CRIO_STATE)
+# OCI annotations the CRI runtimes write: (pod namespace, pod name, container name, image)
+_CRI_KEYS = (
+    ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.container-name",
+     "io.kubernetes.cri.image-name"),
+    ("io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
+     "io.kubernetes.cri-o.ImageName"),
+)
 DEFAULT_OWNER_LABEL = "org.gpuroster.user"
 COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
@@ -78,6 +97,7 @@ class ContainerDirectory:
     :param compose_pattern: regex with group ``user`` for the compose project (or pod namespace).
     :param ttl: seconds a found container stays cached; ``negative_ttl`` for an unknown one.
     :param timeout: seconds per request. ``clock``: monotonic seconds (tests advance it).
+    :param state_dirs: containerd and CRI-O state directories read for containers no socket knows.
     Raises ``ValueError`` for a pattern without the ``user`` group.
     """
 
@@ -92,8 +112,10 @@ class ContainerDirectory:
         negative_ttl: float = 30.0,
         timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        state_dirs: Sequence[Path] = DEFAULT_STATE_DIRS,
     ) -> None:
         self.sockets = [Path(s) for s in sockets]
+        self.state_dirs = [Path(d) for d in state_dirs]
         self.owner_label = owner_label
         self.name_pattern = _pattern(name_pattern, "container_name_pattern")
         self.compose_pattern = _pattern(compose_pattern, "container_compose_pattern")
@@ -146,6 +168,9 @@ class ContainerDirectory:
                 return self._parse(cid, r.json())
             except (ValueError, TypeError, AttributeError) as e:
                 problems.append(f"{sock}: unreadable answer ({e})")
+        from_state = self._from_state(cid)
+        if from_state is not None:
+            return from_state
         if not problems:
             problems.append("no container runtime socket (" + ", ".join(str(s) for s in self.sockets) + ")")
         detail = "; ".join(problems)
@@ -159,6 +184,35 @@ class ContainerDirectory:
         image = config.get("Image") or body.get("Image") or None
         owner, source = self.owner_of(name, labels)
         return ContainerInfo(id=cid, name=name, image=image, labels=labels, owner=owner, owner_source=source)
+
+    def _from_state(self, cid: str) -> ContainerInfo | None:
+        """The container from containerd's or CRI-O's OCI ``config.json``, or ``None``."""
+        candidates: list[Path] = []
+        for root in self.state_dirs:
+            candidates += [root / cid / "userdata" / "config.json", *root.glob(f"*/{cid}/config.json")]
+        for path in candidates:
+            try:
+                annotations = json.loads(path.read_text(encoding="utf-8")).get("annotations") or {}
+            except (OSError, ValueError, AttributeError):
+                continue
+            if not isinstance(annotations, dict):
+                continue
+            labels = {str(k): str(v) for k, v in annotations.items()}
+            try:
+                labels.update({str(k): str(v) for k, v in json.loads(labels.get("io.kubernetes.cri-o.Labels", "{}")).items()})
+            except (ValueError, AttributeError):
+                pass
+            for ns_key, pod_key, name_key, image_key in _CRI_KEYS:
+                if ns_key in labels:
+                    labels.setdefault(POD_NAMESPACE_LABEL, labels[ns_key])
+                    name = labels.get(pod_key) or labels.get(name_key)
+                    image = labels.get(image_key)
+                    break
+            else:
+                name, image = None, None
+            owner, source = self.owner_of(name, labels)
+            return ContainerInfo(id=cid, name=name, image=image, labels=labels, owner=owner, owner_source=source)
+        return None
 
     def owner_of(self, name: str | None, labels: dict[str, str]) -> tuple[str | None, str | None]:
         """``(owner, rule)`` for a container's name and labels; ``(None, None)`` when no rule
@@ -185,4 +239,7 @@ class ContainerDirectory:
         self._clients.clear()
 
 
-__all__ = ["COMPOSE_PROJECT_LABEL", "ContainerDirectory", "ContainerInfo", "DEFAULT_OWNER_LABEL", "DEFAULT_SOCKETS"]
+__all__ = [
+    "COMPOSE_PROJECT_LABEL", "ContainerDirectory", "ContainerInfo", "DEFAULT_OWNER_LABEL", "DEFAULT_SOCKETS",
+    "DEFAULT_STATE_DIRS",
+]

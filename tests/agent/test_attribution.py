@@ -148,7 +148,7 @@ def test_identity_of_a_real_process_is_its_start_ticks_and_boot_id() -> None:
 def test_runtime_lookup_reads_label_compose_rule_and_caches(runtime: DockerStandIn) -> None:
     clock = [0.0]
     d = ContainerDirectory([runtime.path], compose_pattern=r"^(?P<user>[a-z]+)-", ttl=600, negative_ttl=30,
-                           clock=lambda: clock[0])
+                           clock=lambda: clock[0], state_dirs=[])
     a = d.lookup(CID_A)
     assert (a.owner, a.owner_source, a.name, a.image) == ("user-a", "label", "train-a",
                                                            "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime")
@@ -169,24 +169,47 @@ def test_runtime_lookup_reads_label_compose_rule_and_caches(runtime: DockerStand
 def test_name_rule_and_configurable_label(runtime: DockerStandIn) -> None:
     runtime.containers[CID_GONE] = inspect_body(CID_GONE, name="dave-llm", image="vllm/vllm-openai",
                                                 labels={"lab.owner": "erin"})
-    by_label = ContainerDirectory([runtime.path], owner_label="lab.owner")
+    by_label = ContainerDirectory([runtime.path], owner_label="lab.owner", state_dirs=[])
     assert by_label.lookup(CID_GONE).owner == "erin"
-    by_name = ContainerDirectory([runtime.path], name_pattern=r"^(?P<user>[a-z]+)-")
+    by_name = ContainerDirectory([runtime.path], name_pattern=r"^(?P<user>[a-z]+)-", state_dirs=[])
     assert (by_name.lookup(CID_GONE).owner, by_name.lookup(CID_GONE).owner_source) == ("dave", "name")
     with pytest.raises(ValueError, match="user"):
         ContainerDirectory([runtime.path], name_pattern=r"^([a-z]+)-")
 
 
 def test_no_runtime_socket_means_no_request_and_no_owner(sock_dir: Path) -> None:
-    d = ContainerDirectory([sock_dir / "absent.sock"])
+    d = ContainerDirectory([sock_dir / "absent.sock"], state_dirs=[sock_dir / "no-containerd"])
     info = d.lookup(CID_A)
     assert not info.found and d.requests == 0 and "no container runtime socket" in (info.error or "")
+
+
+def test_kubernetes_containers_from_containerd_and_cri_o_state(sock_dir: Path) -> None:
+    """Pods on containerd or CRI-O: no Docker API, the OCI config.json annotations instead."""
+    import json
+
+    containerd, crio = sock_dir / "containerd", sock_dir / "crio"
+    (containerd / "k8s.io" / CID_A).mkdir(parents=True)
+    (containerd / "k8s.io" / CID_A / "config.json").write_text(json.dumps({"ociVersion": "1.1.0", "annotations": {
+        "io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-namespace": "lab-alice",
+        "io.kubernetes.cri.sandbox-name": "train-7f9c", "io.kubernetes.cri.container-name": "train",
+        "io.kubernetes.cri.image-name": "nvcr.io/nvidia/pytorch:24.05-py3"}}))
+    (crio / CID_B / "userdata").mkdir(parents=True)
+    (crio / CID_B / "userdata" / "config.json").write_text(json.dumps({"annotations": {
+        "io.kubernetes.pod.namespace": "default", "io.kubernetes.pod.name": "notebook",
+        "io.kubernetes.cri-o.ImageName": "jupyter/base-notebook:latest",
+        "io.kubernetes.cri-o.Labels": json.dumps({"org.gpuroster.user": "bob", "app": "nb"})}}))
+    d = ContainerDirectory([sock_dir / "absent.sock"], compose_pattern=r"^lab-(?P<user>[a-z]+)$",
+                           state_dirs=[containerd, crio])
+    a, b = d.lookup(CID_A), d.lookup(CID_B)
+    assert (a.owner, a.owner_source, a.name, a.image) == ("alice", "compose", "train-7f9c", "nvcr.io/nvidia/pytorch:24.05-py3")
+    assert (b.owner, b.owner_source, b.name, b.image) == ("bob", "label", "notebook", "jupyter/base-notebook:latest")
+    assert not d.lookup(CID_GONE).found
 
 
 def _b38_snapshot(runtime: DockerStandIn, cid: str):  # noqa: ANN202
     table = FakeProcessTable({41001: FakeOwner(uid=0, user="root", argv=["python", "train.py"],
                                                cgroup=f"0::/system.slice/docker-{cid}.scope", exe=None)})
-    resolver = OwnerResolver(containers=ContainerDirectory([runtime.path]), **table.resolver_kwargs())
+    resolver = OwnerResolver(containers=ContainerDirectory([runtime.path], state_dirs=[]), **table.resolver_kwargs())
     return SnapshotBuilder(OneGpu([41001]), host="node-b38", resolver=resolver).build(1, T0)
 
 
