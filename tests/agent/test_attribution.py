@@ -272,9 +272,12 @@ def test_D2_a_process_named_Xorg_is_judged_by_its_executable(procs: list[subproc
     snap = SnapshotBuilder(OneGpu([p.pid]), host="node-d2").build(1, T0)
     [rep] = snap.processes
     assert rep.command.startswith("Xorg") and rep.unix_user == "nobody"
-    assert rep.exe == verified_exe(p.pid) == shutil.which("sleep").replace("/bin/", "/bin/")  # the real sleep
+    assert rep.exe == verified_exe(p.pid) == os.path.realpath(shutil.which("sleep"))  # the real sleep
     [j] = judge(snap.processes, [holder_b()], HostPolicy(), now=T0, devices=DEVICES, include_idle=False)
     assert (j.kind, j.unix_user, j.holder) == ("foreign", "nobody", "user-b")
+    # the signaller's live check does not fall for the name either
+    out = ProcessSignaller().verify(p.pid, rep.identity, HostPolicy(exempt_process_names=["Xorg"]))
+    assert out.status == "ok", out.detail
 
 
 @ROOT_ONLY
