@@ -205,6 +205,11 @@ class OwnerResolver:
             cached = self._cache.get((pid, token))
             if cached is not None:
                 self._seen.add((pid, token))
+                if cached.status == "unattributed" and self.containers is not None:
+                    # ask again (the directory's own cache bounds how often): the runtime may
+                    # have been down, or the container too new, when the process was first seen
+                    cached.status = "ok"
+                    self._container_owner(cached)
                 return cached
         try:
             proc = self._process(pid)

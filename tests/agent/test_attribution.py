@@ -400,3 +400,18 @@ def test_container_settings_from_toml_and_a_rule_without_user_group_is_refused(t
     cfg.write_text('container_compose_pattern = "^([a-z]+)-"\n')
     with pytest.raises(ValueError, match="user"):
         load_settings({}, cfg, env=False)
+
+
+def test_unattributed_container_is_asked_again_once_the_runtime_knows_it(runtime: DockerStandIn) -> None:
+    clock = [0.0]
+    table = FakeProcessTable({41001: FakeOwner(uid=0, user="root", cgroup=f"0::/system.slice/docker-{CID_GONE}.scope")})
+    d = ContainerDirectory([runtime.path], negative_ttl=30, state_dirs=[], clock=lambda: clock[0])
+    resolver = OwnerResolver(containers=d, **table.resolver_kwargs())
+    assert resolver.resolve(41001).status == "unattributed"
+    runtime.containers[CID_GONE] = inspect_body(CID_GONE, name="late", image="img", labels={"org.gpuroster.user": "user-a"})
+    resolver.end_poll()
+    assert resolver.resolve(41001).status == "unattributed"  # the negative answer is cached for 30 s
+    clock[0] = 31.0
+    owner = resolver.resolve(41001)
+    assert (owner.status, owner.user, owner.container_name) == ("ok", "user-a", "late")
+    assert len(runtime.requests) == 2
