@@ -80,7 +80,7 @@ class SnapshotBuilder:
 
     def _live(self, p) -> ProcessReport:  # noqa: ANN001 - RawProcess
         owner = self.resolver.resolve(p.pid)
-        attributed = owner.status == "ok"
+        attributed = owner.status in ("ok", "uid_only", "unattributed")
         return ProcessReport(
             device_uuid=p.device_uuid,
             pid=p.pid,
@@ -91,7 +91,12 @@ class SnapshotBuilder:
             command=owner.command if attributed else None,
             name=owner.name if attributed else None,
             create_time=owner.create_time,
+            identity=owner.identity,
             container_id=owner.container_id if attributed else None,
+            container_name=owner.container_name if attributed else None,
+            container_image=owner.container_image if attributed else None,
+            owner_source=owner.owner_source if attributed else None,  # type: ignore[arg-type]
+            exe=owner.exe if attributed else None,
             owner_status=owner.status,
         )
 

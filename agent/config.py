@@ -40,6 +40,39 @@ class AgentSettings(BaseSettings):
     spool_max_mb: int = Field(default=1024, ge=1)
     spool_max_age_hours: float = Field(default=48.0, gt=0)
     log_level: str = "INFO"
+    container_sockets: list[Path] = Field(
+        default_factory=lambda: [Path("/var/run/docker.sock"), Path("/run/podman/podman.sock")],
+        description="Unix sockets speaking the Docker Engine API (Docker, Podman), asked for container owners",
+    )
+    container_state_dirs: list[Path] = Field(
+        default_factory=lambda: [Path("/run/containerd/io.containerd.runtime.v2.task"),
+                                 Path("/run/containers/storage/overlay-containers")],
+        description="containerd / CRI-O state directories read for Kubernetes containers (OCI annotations)",
+    )
+    container_owner_label: str = Field(default="org.gpuroster.user", min_length=1, max_length=256,
+                                       description="container label naming the owner")
+    container_name_pattern: str | None = Field(
+        default=None, description="regex with (?P<user>...) read from container names, e.g. ^(?P<user>[a-z]+)-"
+    )
+    container_compose_pattern: str | None = Field(
+        default=None, description="regex with (?P<user>...) read from the compose project (or pod namespace)"
+    )
+    container_cache_seconds: float = Field(default=600.0, gt=0, description="how long a container's owner is cached")
+
+    @field_validator("container_name_pattern", "container_compose_pattern")
+    @classmethod
+    def _user_group(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        import re
+
+        try:
+            pat = re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {e}") from None
+        if "user" not in pat.groupindex:
+            raise ValueError("needs a named group (?P<user>...)")
+        return v
 
     @field_validator("server")
     @classmethod

@@ -18,9 +18,11 @@ Timeline of one process finding (``policy`` from the ack; ``grace`` = ``grace_se
   every ``notice_interval_seconds``; for ``foreign`` also a note to the rightful holder;
 * ``terminate``: as ``notify``; then ``grace`` after the first notice that announced
   termination, SIGTERM; ``kill_timeout_seconds`` after SIGTERM, SIGKILL if the very process
-  (pid, create_time) still lives. So a process that stays is ended about ``2 * grace`` after it
+  (pid, start ticks since boot, boot id) still lives. So a process that stays is ended about ``2 * grace`` after it
   was first seen (plus up to one poll interval per step). The first grace is the debounce,
   the second the warning time the notice announces.
+* ``unattributed`` and ``unknown_uid`` findings (nobody can say whose process it is) are
+  never signalled; the device's holder is told on their terminals, admins by the service.
 * the finding becomes ``terminated`` when a signalled process is gone, ``resolved`` when it is
   no longer judged (process exited, reservation made, device released); either is reported
   once more and then forgotten.
@@ -52,6 +54,16 @@ from agent.terminate import ProcessSignaller, SignalOutcome, Signaller
 log = logging.getLogger(__name__)
 
 STATE_FILE = "findings.json"
+#: Findings about a device, not a process (idle), or about a process nobody can be named for.
+UNSIGNALLED_KINDS = frozenset({"idle", "unattributed", "unknown_uid"})
+#: Findings whose terminal notice goes to the device's holder, there being no offender to tell.
+HOLDER_ONLY_KINDS = frozenset({"idle", "unattributed", "unknown_uid"})
+
+
+def _ref(f: TrackedFinding) -> str | float | None:
+    """How the signaller re-identifies the finding's process: the identity token, or for a
+    finding without one (replay, a state file from an older agent) its create_time."""
+    return f.identity or f.create_time
 
 
 def _utcnow() -> datetime:
@@ -123,7 +135,7 @@ class Enforcer:
     # ------------------------------------------------------------------------------------
     def _judge(self, snapshot: Snapshot, ack: SnapshotAck, now: datetime) -> list[Judgement]:
         procs = [p for p in snapshot.processes if p.pid != os.getpid()]
-        kw = dict(devices=snapshot.devices, open_devices=ack.open_devices)
+        kw = dict(devices=snapshot.devices, open_devices=ack.open_devices, unix_uids=ack.unix_uids)
         try:
             return judge(procs, ack.reservations, ack.policy, now=now, overrun_window=self.overrun_window, **kw)
         except Exception:  # noqa: BLE001 - fall back to one process at a time
@@ -138,7 +150,7 @@ class Enforcer:
             if j is not None:
                 out.setdefault(j.key, j)
         try:
-            for j in judge_idle(procs, snapshot.devices, ack.reservations, ack.policy, now=now):
+            for j in judge_idle(procs, snapshot.devices, ack.reservations, ack.policy, now=now, unix_uids=ack.unix_uids):
                 out.setdefault(j.key, j)
         except Exception:  # noqa: BLE001
             log.exception("idle judgement failed; skipped")
@@ -167,7 +179,7 @@ class Enforcer:
             if not f.signalled or f.pid is None:
                 continue
             try:
-                alive = self.signaller.alive(f.pid, f.create_time)
+                alive = self.signaller.alive(f.pid, _ref(f))
             except Exception:  # noqa: BLE001
                 log.exception("cannot check pid %s", f.pid)
                 continue
@@ -180,7 +192,7 @@ class Enforcer:
         policy = ctx.policy
         now = ctx.now
         grace = timedelta(seconds=policy.grace_seconds)
-        can_kill = policy.policy == "terminate" and f.kind != "idle" and f.pid is not None
+        can_kill = policy.policy == "terminate" and f.kind not in UNSIGNALLED_KINDS and f.pid is not None
         planned = None
         if can_kill and not f.kill_settled:
             planned = f.sigterm_at or (f.warned_at or now) + grace
@@ -199,7 +211,7 @@ class Enforcer:
 
     def _notice(self, f: TrackedFinding, ctx: "_Context") -> None:
         now = ctx.now
-        recipient = f.holder if f.kind == "idle" else f.unix_user
+        recipient = f.holder if f.kind in HOLDER_ONLY_KINDS else f.unix_user
         if not recipient:
             return
         pids = [f.pid] if f.pid is not None else []
@@ -231,13 +243,15 @@ class Enforcer:
 
     def _same_process_signalled(self, f: TrackedFinding) -> TrackedFinding | None:
         for other in self.tracker.findings.values():
-            if (
-                other is not f
-                and other.pid == f.pid
-                and other.create_time is not None
+            if other is f or other.pid != f.pid or other.sigterm_at is None:
+                continue
+            if f.identity and other.identity:
+                if f.identity == other.identity:
+                    return other
+            elif (
+                other.create_time is not None
                 and f.create_time is not None
                 and abs(other.create_time - f.create_time) < 0.05
-                and other.sigterm_at is not None
             ):
                 return other
         return None
@@ -260,7 +274,7 @@ class Enforcer:
         assert f.pid is not None
         name = sig.name
         if self.dry_run:
-            out = self.signaller.verify(f.pid, f.create_time, policy)
+            out = self.signaller.verify(f.pid, _ref(f), policy)
             if out.status == "ok":
                 self._record(f, "dry_run", now, f"would send {name}: {out.detail}")
                 if sig == signal.SIGTERM:
@@ -269,7 +283,7 @@ class Enforcer:
                     f.sigkill_at, f.kill_settled = now, True
                 return
         else:
-            out = self.signaller.send(f.pid, f.create_time, sig, policy)
+            out = self.signaller.send(f.pid, _ref(f), sig, policy)
             if out.status == "sent":
                 self._record(f, name.lower(), now, out.detail)
                 if sig == signal.SIGTERM:

@@ -6,7 +6,7 @@ tracker turns that stream of judgements into findings:
 * a judgement is first *pending*; it becomes a finding (state ``open``) only once it has been
   judged continuously for the host's grace period (``policy.grace_seconds``; ``idle`` needs
   ``policy.idle_minutes``). A pending judgement missing from one poll starts over.
-* one finding per key ``uuid:pid:create_time:kind`` (:attr:`Judgement.key`), with
+* one finding per key ``uuid:pid:identity:kind`` (:attr:`Judgement.key`), with
   ``first_seen`` (first judged, not confirmed) and ``last_seen``; its state moves
   ``open -> notified -> terminated | resolved`` and never back; it is never duplicated per
   poll.
@@ -64,6 +64,9 @@ class TrackedFinding:
     command: str | None = None
     name: str | None = None
     container_id: str | None = None
+    identity: str | None = None
+    container_name: str | None = None
+    container_image: str | None = None
     reservation_id: int | None = None
     holder: str | None = None
     reservation_end: datetime | None = None
@@ -106,6 +109,8 @@ class TrackedFinding:
         self.name = j.name or self.name
         self.uid = j.uid if j.uid is not None else self.uid
         self.container_id = j.container_id or self.container_id
+        self.container_name = j.container_name or self.container_name
+        self.container_image = j.container_image or self.container_image
 
     def to_report(self) -> FindingReport:
         """The wire form; ``pending`` is never reported (raises ``ValueError`` if asked)."""
@@ -117,10 +122,13 @@ class TrackedFinding:
             device_uuid=self.device_uuid,
             pid=self.pid,
             create_time=self.create_time,
+            identity=self.identity,
             unix_user=self.unix_user,
             uid=self.uid,
             command=self.command[:4096] if self.command else None,
             container_id=self.container_id,
+            container_name=self.container_name,
+            container_image=self.container_image,
             reservation_id=self.reservation_id,
             holder=self.holder,
             first_seen=self.first_seen,
@@ -249,6 +257,9 @@ class FindingTracker:
                     command=j.command,
                     name=j.name,
                     container_id=j.container_id,
+                    identity=j.identity,
+                    container_name=j.container_name,
+                    container_image=j.container_image,
                     reservation_id=j.reservation_id,
                     holder=j.holder,
                     reservation_end=j.reservation_end,

@@ -228,8 +228,15 @@ def build_source(settings: AgentSettings) -> tuple[Source, bool | None, Any]:
         return ReplaySource(settings.replay, settings.replay_owners), None, OwnerResolver(hide_args=settings.hide_args)
     from agent.nvml import NvmlSource
 
+    from agent.containers import ContainerDirectory
+
     env = check_environment()
-    resolver = OwnerResolver(hide_args=settings.hide_args, host_pid_ns=env.host_pid_ns, hidepid=env.hidepid and not env.is_root)
+    containers = ContainerDirectory(settings.container_sockets, owner_label=settings.container_owner_label,
+                                    name_pattern=settings.container_name_pattern,
+                                    compose_pattern=settings.container_compose_pattern, ttl=settings.container_cache_seconds,
+                                    state_dirs=settings.container_state_dirs)
+    resolver = OwnerResolver(hide_args=settings.hide_args, host_pid_ns=env.host_pid_ns, hidepid=env.hidepid and not env.is_root,
+                             containers=containers)
     return NvmlSource(expect_gpus=settings.expect_gpus, timeout=settings.nvml_timeout), env.host_pid_ns, resolver
 
 

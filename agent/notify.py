@@ -132,7 +132,7 @@ def compose_message(
     booking_url: str | None = None,
     sigterm_at: datetime | None = None,
 ) -> str:
-    """The notice for the offender (for ``idle``: for the holder), plain text, at most
+    """The notice for the offender (for ``idle``, ``unattributed``, ``unknown_uid``: for the holder), plain text, at most
     :data:`MAX_MESSAGE_CHARS` characters. Lines end in ``\\n``; :class:`TerminalNotifier`
     converts them for raw terminals."""
     by_uuid = {d.uuid: d for d in devices}
@@ -156,10 +156,17 @@ def compose_message(
             f"has shown no process of yours and under {policy.idle_utilization_pct:g}% utilization "
             f"for {policy.idle_minutes} min. Please release it if you do not need it."
         )
+    elif kind in ("unattributed", "unknown_uid"):
+        whose = "in a container whose owner gpuroster cannot find" if kind == "unattributed" else (
+            "of a uid unknown to gpuroster")
+        lines.append(f"A {proc} {whose} is running on {dev}" + (f", which you hold (reservation {reservation_id})." if holder else "."))
+        lines.append("The lab's admins have been told; nothing is signalled until its owner is known.")
     else:
         lines.append(f"Your {proc} is running on {dev},")
         lines.append("which you have not reserved.")
-    if kind != "idle":
+    if kind in ("unattributed", "unknown_uid"):
+        pass
+    elif kind != "idle":
         own = [
             x for x in reservations
             if is_active(x, now) and entitled(x, unix_user) and device_uuid not in x.device_uuids
@@ -175,7 +182,7 @@ def compose_message(
         lines.append(f"To fix: stop the process, or reserve a device: gpuroster reserve -n 1 --for 4h --host {host}")
     if booking_url:
         lines.append(f"Book or release: {booking_url}")
-    if kind != "idle":
+    if kind not in ("idle", "unattributed", "unknown_uid"):
         if policy.policy == "terminate" and sigterm_at is not None:
             lines.append(f"Host policy 'terminate': the process will get SIGTERM at {as_utc(sigterm_at).strftime('%H:%M:%S UTC')}.")
         elif policy.policy == "terminate":

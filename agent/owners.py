@@ -4,7 +4,16 @@ Lookups go through psutil and ``/proc/<pid>/cgroup``. A process that exits mid-l
 "exited", one that cannot be read is "access_denied" (AccessDenied, ``hidepid``), one the
 agent cannot see because it runs outside the host PID namespace is "not_visible"; none of
 them is ever attributed to anybody (``unix_user`` stays ``None``). Results are cached by
-``(pid, create_time)``, so a recycled pid is never mistaken for its predecessor.
+process identity (pid, start ticks since boot, boot id: :func:`agent.procid.identify`), so a
+recycled pid is never mistaken for its predecessor and a clock step changes nothing.
+
+Who a process is judged as: on the host, its passwd name (``owner_source`` ``passwd``); a uid
+without a passwd entry (directory users the agent cannot resolve) keeps ``unix_user`` ``None``
+with status ``uid_only``, for the service's uid table to name. In a container (a container id
+in its cgroup), never its uid: the container's owner from the runtime
+(:class:`agent.containers.ContainerDirectory`), or status ``unattributed`` when no rule names
+one. ``exe`` is set only for a verified system executable of the host
+(:func:`agent.procid.verified_exe`), the only ground for exempting a process as "system".
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from typing import Any, Callable
 
 import psutil
 
+from agent.containers import ContainerDirectory
+from agent.procid import ProcessIdentity, identify, verified_exe
 from agent.schema import OwnerStatus
 from agent.telemetry import log, to_str
 
@@ -52,7 +63,9 @@ def container_id_from_cgroup(text: str | None) -> str | None:
 
 @dataclass(slots=True)
 class Owner:
-    """Who runs a pid. ``create_time`` in seconds since the epoch (psutil ``create_time()``)."""
+    """Who runs a pid. ``create_time`` in seconds since the epoch (psutil ``create_time()``);
+    ``identity`` the :attr:`ProcessIdentity.token`; ``user`` who it is judged as (see the module
+    docstring); ``exe`` a verified system executable or ``None``."""
 
     status: OwnerStatus
     uid: int | None = None
@@ -61,6 +74,11 @@ class Owner:
     command: str | None = None
     create_time: float | None = None
     container_id: str | None = None
+    identity: str | None = None
+    container_name: str | None = None
+    container_image: str | None = None
+    owner_source: str | None = None
+    exe: str | None = None
 
 
 def _user_name(uid: int) -> str | None:
@@ -135,12 +153,16 @@ def check_environment(proc: Path = Path("/proc"), *, euid: int | None = None) ->
 
 
 class OwnerResolver:
-    """Resolve pids to owners with psutil, caching by ``(pid, create_time)``.
+    """Resolve pids to owners with psutil, caching by process identity.
 
     :param hide_args: report the executable only, never its arguments.
     :param host_pid_ns: ``False`` when the agent is known to run outside the host PID
         namespace: unresolvable pids are then "not_visible" rather than "exited".
     :param hidepid: ``/proc`` hides other users' processes: unresolvable pids are "access_denied".
+    :param containers: the container runtimes' directory; ``None``: no runtime is asked and
+        every container process is "unattributed".
+    :param identify_process: pid -> :class:`ProcessIdentity` or ``None`` (tests inject it).
+    :param exe_check: pid -> verified system executable path or ``None``.
     """
 
     def __init__(
@@ -152,6 +174,9 @@ class OwnerResolver:
         process_factory: Callable[[int], Any] = psutil.Process,
         user_lookup: Callable[[int], str | None] = _user_name,
         cgroup_reader: Callable[[int], str | None] = _read_cgroup,
+        containers: ContainerDirectory | None = None,
+        identify_process: Callable[[int], ProcessIdentity | None] = identify,
+        exe_check: Callable[[int], str | None] = verified_exe,
     ) -> None:
         self.hide_args = hide_args
         self.host_pid_ns = host_pid_ns
@@ -159,9 +184,12 @@ class OwnerResolver:
         self._process = process_factory
         self._user_lookup = user_lookup
         self._cgroup = cgroup_reader
-        self._cache: dict[tuple[int, float], Owner] = {}
+        self.containers = containers
+        self._identify = identify_process
+        self._exe = exe_check
+        self._cache: dict[tuple[int, str], Owner] = {}
         self._users: dict[int, str | None] = {}
-        self._seen: set[tuple[int, float]] = set()
+        self._seen: set[tuple[int, str]] = set()
 
     def _gone(self) -> OwnerStatus:
         if self.host_pid_ns is False:
@@ -172,6 +200,18 @@ class OwnerResolver:
 
     def resolve(self, pid: int) -> Owner:
         """The owner of ``pid`` now; never raises for vanished or unreadable processes."""
+        ident = self._identify(pid)
+        token = ident.token if ident is not None else None
+        if token is not None:
+            cached = self._cache.get((pid, token))
+            if cached is not None:
+                self._seen.add((pid, token))
+                if cached.status == "unattributed" and self.containers is not None:
+                    # ask again (the directory's own cache bounds how often): the runtime may
+                    # have been down, or the container too new, when the process was first seen
+                    cached.status = "ok"
+                    self._container_owner(cached)
+                return cached
         try:
             proc = self._process(pid)
             create_time = float(proc.create_time())
@@ -181,7 +221,8 @@ class OwnerResolver:
             return Owner(status="access_denied")
         except (OSError, ValueError):
             return Owner(status=self._gone())
-        key = (pid, create_time)
+        # without /proc/PID/stat (another /proc view) psutil's start time is the only handle
+        key = (pid, token or f"ct{create_time:.2f}")
         self._seen.add(key)
         cached = self._cache.get(key)
         if cached is not None:
@@ -214,9 +255,33 @@ class OwnerResolver:
             command=command[:4096] if command else None,
             create_time=create_time,
             container_id=container_id_from_cgroup(self._cgroup(pid)),
+            identity=token,
         )
+        if owner.container_id:
+            self._container_owner(owner)
+        else:
+            owner.exe = self._exe(pid)
+            if owner.user is None:
+                owner.status = "uid_only"
+            else:
+                owner.owner_source = "passwd"
         self._cache[key] = owner
         return owner
+
+    def _container_owner(self, owner: Owner) -> None:
+        """Judge a container process by its container's owner, never by its uid."""
+        assert owner.container_id is not None
+        owner.user = None
+        if self.containers is None:
+            owner.status = "unattributed"
+            return
+        info = self.containers.lookup(owner.container_id)
+        owner.container_name = info.name
+        owner.container_image = info.image
+        if info.owner:
+            owner.user, owner.owner_source = info.owner, info.owner_source
+        else:
+            owner.status = "unattributed"
 
     def end_poll(self) -> None:
         """Forget owners of processes not seen since the previous call (keeps the cache small)."""

@@ -14,13 +14,22 @@ Rules:
   UUID (:attr:`DeviceReport.parent_uuid`). A reservation of one MIG instance does *not*
   cover its parent GPU or a sibling instance. Devices listed in ``open_devices`` (or whose
   parent GPU is listed) need no reservation.
-* Not judged at all (never a finding): processes whose owner is not known
-  (``owner_status`` other than ``"ok"``/``"replay"``, or ``unix_user`` ``None``: a pid the
-  agent cannot see from its namespace, one that exited before its owner was read, or one
-  whose owner it may not read); root and system accounts (``uid < policy.min_uid``, or user ``root``); users in
-  ``policy.exempt_users``; processes whose name (or the base name of their command's first
-  word) is in ``policy.exempt_process_names`` (Xorg, display servers, DCGM: they hold a
-  GPU without being anybody's job).
+* Who a process is judged as (:func:`owner_of`): in a container (``container_id`` set) the
+  container's owner that the agent found (``unix_user``), never its uid, so root in a
+  container is not "the system"; on the host, first its uid through the service's
+  ``unix_uids`` table (directory users the agent's passwd does not know), else its passwd
+  name. A container with no owner is an ``unattributed`` finding, a host uid nobody can name
+  an ``unknown_uid`` finding; both carry the device's current holder and are never
+  signalled.
+* Not judged at all (never a finding): processes whose owner cannot be read
+  (``owner_status`` ``exited``, ``access_denied``, ``not_visible``, ``unknown``: a pid in
+  another PID namespace, one that exited before the lookup, one whose owner may not be
+  read); system processes: a verified system executable of the host (``exe`` set by the agent:
+  root-owned, host mount namespace) run by root or a system account (``uid <
+  policy.min_uid``) or whose executable's base name is in ``policy.exempt_process_names``
+  (Xorg, display servers, DCGM: they hold a GPU without being anybody's job); users in ``policy.exempt_users``. The name a
+  process gave itself is never a reason: any user can name a process ``Xorg``. Replayed processes (``owner_status``
+  ``replay``) have no executable to verify: the command's first word stands in for it.
 * An uncovered process is
 
   - ``foreign`` when somebody else holds an active reservation of the device (or of its
@@ -44,11 +53,18 @@ them.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from agent.attribution import (
+    JUDGED_OWNER_STATUSES,
+    KNOWN_OWNER_STATUSES,
+    exemption,
+    owner_known,
+    owner_of,
+    process_names,
+)
 from agent.schema import DeviceReport, FindingKind, HostPolicy, ProcessReport, ReservationEntry
 
 #: How long after its end a reservation still turns its holder's leftover process into
@@ -57,11 +73,6 @@ from agent.schema import DeviceReport, FindingKind, HostPolicy, ProcessReport, R
 #: how far back the service's table goes (``reservations.host_table(behind=6 h)``): an older
 #: reservation is not in the agent's table anyway.
 DEFAULT_OVERRUN_WINDOW = timedelta(hours=6)
-
-#: Owner statuses whose ``unix_user`` may be trusted (not: unseen in a foreign PID namespace,
-#: exited before the lookup, lookup denied).
-KNOWN_OWNER_STATUSES = frozenset({"ok", "replay"})
-
 
 @dataclass(frozen=True, slots=True)
 class Judgement:
@@ -87,19 +98,28 @@ class Judgement:
     reservation_id: int | None = None
     holder: str | None = None
     reservation_end: datetime | None = None
+    identity: str | None = None
+    container_name: str | None = None
+    container_image: str | None = None
 
     @property
     def key(self) -> str:
-        """The stable finding key ``uuid:pid:create_time:kind`` (idle: ``uuid:-:r<id>:idle``)."""
+        """The stable finding key ``uuid:pid:identity:kind`` (idle: ``uuid:-:r<id>:idle``)."""
         if self.kind == "idle":
             return f"{self.device_uuid}:-:r{self.reservation_id}:idle"
-        return finding_key(self.device_uuid, self.pid, self.create_time, self.kind)
+        return finding_key(self.device_uuid, self.pid, self.create_time, self.kind, identity=self.identity)
 
 
-def finding_key(device_uuid: str, pid: int | None, create_time: float | None, kind: str) -> str:
-    """Return ``uuid:pid:create_time:kind``; ``create_time`` with 2 decimals (psutil's 10 ms
-    resolution), so the same process keeps its key across agent restarts; ``-`` for ``None``."""
-    ct = "-" if create_time is None else f"{create_time:.2f}"
+def finding_key(
+    device_uuid: str, pid: int | None, create_time: float | None, kind: str, *, identity: str | None = None
+) -> str:
+    """Return ``uuid:pid:identity:kind``, ``identity`` being ``<start ticks>@<boot id>``, which
+    no clock step moves. Without it (replayed processes) ``create_time`` with 2 decimals
+    (psutil's 10 ms resolution) stands in; ``-`` for ``None``."""
+    if identity:
+        ct = identity
+    else:
+        ct = "-" if create_time is None else f"{create_time:.2f}"
     return f"{device_uuid}:{pid if pid is not None else '-'}:{ct}:{kind}"
 
 
@@ -116,49 +136,12 @@ def is_active(reservation: ReservationEntry, now: datetime) -> bool:
     return as_utc(reservation.start) <= t < as_utc(reservation.end)
 
 
-def entitled(reservation: ReservationEntry, unix_user: str | None) -> bool:
-    """True when ``unix_user`` holds ``reservation`` or is shared into it."""
+def entitled(reservation: ReservationEntry, unix_user: str | None, uid: int | None = None) -> bool:
+    """True when ``unix_user`` (or, for a host process, its ``uid``) holds ``reservation`` or
+    is shared into it."""
+    if uid is not None and (uid == reservation.unix_uid or uid in reservation.shared_uids):
+        return True
     return unix_user is not None and (unix_user == reservation.unix_name or unix_user in reservation.shared_with)
-
-
-def process_names(process: ProcessReport) -> set[str]:
-    """Names an exemption list is matched against: the process name and the base name of
-    the command's first word (``/usr/lib/xorg/Xorg -core`` gives ``Xorg``)."""
-    names: set[str] = set()
-    if process.name:
-        names.add(process.name)
-        names.add(os.path.basename(process.name))
-    if process.command:
-        first = process.command.strip().split(" ", 1)[0]
-        if first:
-            names.add(os.path.basename(first))
-    names.discard("")
-    return names
-
-
-def owner_known(process: ProcessReport) -> bool:
-    """True when the process owner is attributed (not unseen, exited or denied)."""
-    return process.owner_status in KNOWN_OWNER_STATUSES and bool(process.unix_user)
-
-
-def exemption(process: ProcessReport, policy: HostPolicy) -> str | None:
-    """Why ``process`` is exempt from judgement, or ``None`` when it is judged.
-
-    Unknown owners, root and system accounts (uid below ``policy.min_uid``), exempt users
-    and exempt process names are exempt.
-    """
-    if not owner_known(process):
-        return f"owner unknown ({process.owner_status})"
-    if process.unix_user == "root" or (process.uid is not None and process.uid == 0):
-        return "root"
-    if process.uid is not None and process.uid < policy.min_uid:
-        return f"system account (uid {process.uid} < {policy.min_uid})"
-    if process.unix_user in policy.exempt_users:
-        return f"exempt user {process.unix_user}"
-    hit = process_names(process) & set(policy.exempt_process_names)
-    if hit:
-        return f"exempt process name {sorted(hit)[0]}"
-    return None
 
 
 class _Table:
@@ -169,7 +152,9 @@ class _Table:
         reservations: Iterable[ReservationEntry],
         devices: Iterable[DeviceReport],
         open_devices: Collection[str],
+        unix_uids: Mapping[int, str] | None = None,
     ) -> None:
+        self.unix_uids = dict(unix_uids or {})
         self.by_device: dict[str, list[ReservationEntry]] = {}
         for r in sorted(reservations, key=lambda r: (as_utc(r.start), r.id)):
             for uuid in r.device_uuids:
@@ -208,32 +193,50 @@ def _judge_one(
         return None
     relevant = table.reservations_of(device)
     active = [r for r in relevant if is_active(r, now)]
-    user = process.unix_user
-    if any(entitled(r, user) for r in active):
+    user = owner_of(process, table.unix_uids)
+    # a container's uid is the container's (root, mostly): only host uids match reservations
+    uid = None if process.container_id else process.uid
+    if user is not None and user in policy.exempt_users:
+        return None
+    if any(entitled(r, user, uid) for r in active):
         return None
     common = dict(
         device_uuid=device,
         pid=process.pid,
         create_time=process.create_time,
+        identity=process.identity,
         unix_user=user,
         uid=process.uid,
         command=process.command,
         name=process.name,
         container_id=process.container_id,
+        container_name=process.container_name,
+        container_image=process.container_image,
     )
-    if active:
-        r = active[0]
+    holder = active[0] if active else None
+    held = dict(
+        reservation_id=holder.id if holder else None,
+        holder=holder.unix_name if holder else None,
+        reservation_end=as_utc(holder.end) if holder else None,
+    )
+    on = f" on a device reserved by {holder.unix_name}" if holder else ""
+    if user is None and process.container_id:
+        label = process.container_name or process.container_id[:12]
+        image = f", image {process.container_image}" if process.container_image else ""
+        return Judgement(kind="unattributed", reason=f"container {label}{image}: owner not found{on}", **held, **common)
+    if user is None:
+        return Judgement(kind="unknown_uid", reason=f"uid {process.uid}, unknown to gpuroster{on}", **held, **common)
+    if holder is not None:
+        r = holder
         return Judgement(
             kind="foreign",
             reason=f"device reserved by {r.unix_name} (reservation {r.id}) until {as_utc(r.end).isoformat()}",
-            reservation_id=r.id,
-            holder=r.unix_name,
-            reservation_end=as_utc(r.end),
+            **held,
             **common,
         )
     t = as_utc(now)
     ended = [
-        r for r in relevant if entitled(r, user) and t - overrun_window < as_utc(r.end) <= t
+        r for r in relevant if entitled(r, user, uid) and t - overrun_window < as_utc(r.end) <= t
     ]
     if ended:
         r = max(ended, key=lambda r: (as_utc(r.end), r.id))
@@ -257,6 +260,7 @@ def judge_process(
     devices: Sequence[DeviceReport] = (),
     open_devices: Collection[str] = (),
     overrun_window: timedelta = DEFAULT_OVERRUN_WINDOW,
+    unix_uids: Mapping[int, str] | None = None,
 ) -> Judgement | None:
     """Judge one process at ``now``: a :class:`Judgement` or ``None`` when covered/exempt.
 
@@ -264,7 +268,12 @@ def judge_process(
     covered by a reservation of the instance itself). Raises nothing for well-formed schema
     objects.
     """
-    return _judge_one(process, _Table(reservations, devices, open_devices), policy, now, overrun_window)
+    return _judge_one(process, _Table(reservations, devices, open_devices, unix_uids), policy, now, overrun_window)
+
+
+def _holds(r: ReservationEntry, p: ProcessReport, unix_uids: Mapping[int, str] | None) -> bool:
+    user = owner_of(p, unix_uids)
+    return user is not None and entitled(r, user, None if p.container_id else p.uid)
 
 
 def judge_idle(
@@ -274,6 +283,7 @@ def judge_idle(
     policy: HostPolicy,
     *,
     now: datetime,
+    unix_uids: Mapping[int, str] | None = None,
 ) -> list[Judgement]:
     """Devices of active reservations that look idle *now* (see the module docstring).
 
@@ -300,11 +310,11 @@ def judge_idle(
             if any(by_uuid[u].processes_status != "ok" for u in span if u in by_uuid):
                 continue
             procs = [p for u in span for p in on_device.get(u, ())]
-            if any(owner_known(p) and entitled(r, p.unix_user) for p in procs):
+            if any(_holds(r, p, unix_uids) for p in procs):
                 continue
             util = d.utilization_gpu
             if util is None:
-                if any(not owner_known(p) for p in procs):
+                if any(owner_of(p, unix_uids) is None for p in procs):
                     continue
                 basis = "utilization n/a, no process of the holder"
             elif util >= policy.idle_utilization_pct:
@@ -335,6 +345,7 @@ def judge(
     open_devices: Collection[str] = (),
     overrun_window: timedelta = DEFAULT_OVERRUN_WINDOW,
     include_idle: bool = True,
+    unix_uids: Mapping[int, str] | None = None,
 ) -> list[Judgement]:
     """Judge a host at instant ``now``: every violation, one per (process, device, kind).
 
@@ -343,16 +354,17 @@ def judge(
     :class:`~agent.schema.SnapshotAck`. The result is ordered as the processes were, idle
     judgements last, with duplicates (the same pid listed twice on a device) removed. Idle
     judgements need ``devices`` (telemetry); pass ``include_idle=False`` to skip them.
+    ``unix_uids`` is the ack's uid table (uid -> unix name) for processes judged by uid.
     Pure: no I/O, no clock, no logging; raises nothing for well-formed schema objects.
     """
-    table = _Table(reservations, devices, open_devices)
+    table = _Table(reservations, devices, open_devices, unix_uids)
     out: dict[str, Judgement] = {}
     for p in processes:
         j = _judge_one(p, table, policy, now, overrun_window)
         if j is not None:
             out.setdefault(j.key, j)
     if include_idle:
-        for j in judge_idle(processes, devices, reservations, policy, now=now):
+        for j in judge_idle(processes, devices, reservations, policy, now=now, unix_uids=unix_uids):
             out.setdefault(j.key, j)
     return list(out.values())
 
@@ -381,6 +393,9 @@ __all__ = [
     "judge",
     "judge_idle",
     "judge_process",
+    "JUDGED_OWNER_STATUSES",
+    "KNOWN_OWNER_STATUSES",
     "owner_known",
+    "owner_of",
     "process_names",
 ]

@@ -4,7 +4,8 @@ The agent posts a :class:`Snapshot` to ``POST /api/v1/agent/snapshots`` with its
 the service answers with a :class:`SnapshotAck` carrying the host's reservation table and
 policy. Units: memory in MiB, utilization in %, temperature in °C, power in W, times as
 timezone-aware UTC datetimes, ``create_time`` in seconds since the epoch (psutil's
-``Process.create_time()``).
+``Process.create_time()``, shown to people; it moves when the clock is stepped), ``identity``
+``<start ticks>@<boot id>`` (what the agent identifies a process by, see :mod:`agent.procid`).
 """
 
 from __future__ import annotations
@@ -19,14 +20,19 @@ DeviceHealth = Literal["ok", "lost", "error"]
 # How the process owner was found: "ok" resolved; "exited" the process ended between the
 # NVML listing and the lookup; "access_denied" psutil raised AccessDenied (hidepid, other
 # account); "not_visible" the pid does not exist in the agent's PID namespace; "replay"
-# owner given by a replay owners map; "unknown" no information at all.
-OwnerStatus = Literal["ok", "exited", "access_denied", "not_visible", "replay", "unknown"]
+# owner given by a replay owners map; "unknown" no information at all; "uid_only" the uid is
+# known but has no passwd entry in the agent's view (directory users: judged by uid through the
+# ack's ``unix_uids``); "unattributed" a process in a container whose owner no rule names.
+OwnerStatus = Literal["ok", "exited", "access_denied", "not_visible", "replay", "unknown", "uid_only", "unattributed"]
 # Host-wide monitoring state: "ok"; "degraded" (some data missing, e.g. process listing
 # unavailable or wrong PID namespace); "down" (NVML failed, e.g. driver/library mismatch);
 # "no_driver" (no NVIDIA driver on this node: 0 GPUs, not an error); "misconfigured" (NVML
 # library missing where the config says the host has GPUs).
 MonitoringStatus = Literal["ok", "degraded", "down", "no_driver", "misconfigured"]
-FindingKind = Literal["unreserved", "foreign", "overrun", "idle"]
+# "unattributed": a container process whose owner cannot be found; "unknown_uid": a host
+# process whose uid has no name on the host and no gpuroster user. Both go to admins and are
+# never signalled: nobody can tell whose job it is.
+FindingKind = Literal["unreserved", "foreign", "overrun", "idle", "unattributed", "unknown_uid"]
 FindingState = Literal["open", "notified", "terminated", "resolved"]
 Policy = Literal["observe", "notify", "terminate"]
 
@@ -86,12 +92,24 @@ class ProcessReport(BaseModel):
     pid: int = Field(gt=0, lt=2**32 - 1)
     type: ProcessType = "C"
     used_memory_mib: float | None = Field(default=None, ge=0, description="None: NVML could not say (WDDM, vGPU)")
-    uid: int | None = Field(default=None, ge=0)
-    unix_user: str | None = Field(default=None, max_length=64)
+    uid: int | None = Field(default=None, ge=0, description="the process's real uid (0 for root in a container)")
+    unix_user: str | None = Field(
+        default=None, max_length=64,
+        description="who the process is judged as: its passwd name, or in a container the container's owner",
+    )
     command: str | None = Field(default=None, max_length=4096)
     name: str | None = Field(default=None, max_length=256, description="process name; '(unnamed)' when empty")
     create_time: float | None = Field(default=None, ge=0, description="seconds since the epoch")
+    identity: str | None = Field(default=None, max_length=80, description="<start ticks since boot>@<boot id>")
     container_id: str | None = Field(default=None, max_length=128)
+    container_name: str | None = Field(default=None, max_length=256)
+    container_image: str | None = Field(default=None, max_length=512)
+    owner_source: Literal["passwd", "label", "name", "compose"] | None = Field(
+        default=None, description="how unix_user was found: passwd entry, or a container rule"
+    )
+    exe: str | None = Field(
+        default=None, max_length=4096, description="verified system executable (root-owned, host mount namespace), else None"
+    )
     owner_status: OwnerStatus = "ok"
 
 
@@ -124,15 +142,18 @@ class FindingReport(BaseModel):
 
     model_config = _STRICT
 
-    key: str = Field(min_length=1, max_length=256, description="stable id: uuid:pid:create_time:kind")
+    key: str = Field(min_length=1, max_length=256, description="stable id: uuid:pid:identity:kind")
     kind: FindingKind
     device_uuid: str = Field(max_length=128)
     pid: int | None = Field(default=None, gt=0)
     create_time: float | None = None
+    identity: str | None = Field(default=None, max_length=80, description="<start ticks since boot>@<boot id>")
     unix_user: str | None = Field(default=None, max_length=64)
     uid: int | None = None
     command: str | None = Field(default=None, max_length=4096)
     container_id: str | None = Field(default=None, max_length=128)
+    container_name: str | None = Field(default=None, max_length=256)
+    container_image: str | None = Field(default=None, max_length=512)
     reservation_id: int | None = Field(default=None, description="the reservation the process conflicts with or overran")
     holder: str | None = Field(default=None, max_length=64, description="unix_name of the rightful holder, if any")
     first_seen: datetime
@@ -197,6 +218,8 @@ class ReservationEntry(BaseModel):
     start: datetime
     end: datetime
     shared_with: list[str] = Field(default_factory=list, description="unix names also covered")
+    unix_uid: int | None = Field(default=None, description="the holder's Unix uid, where the service knows it")
+    shared_uids: list[int] = Field(default_factory=list, description="Unix uids also covered")
 
 
 class HostPolicy(BaseModel):
@@ -225,4 +248,7 @@ class SnapshotAck(BaseModel):
     policy: HostPolicy
     reservations: list[ReservationEntry]
     open_devices: list[str] = Field(default_factory=list, description="UUIDs anyone may use unreserved")
+    unix_uids: dict[int, str] = Field(
+        default_factory=dict, description="Unix uid -> unix_name of every active user with a uid (directory users)"
+    )
     booking_url: str | None = None

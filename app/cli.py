@@ -94,6 +94,7 @@ def create_user(
     is_admin: Annotated[bool, typer.Option("--admin", help="give the admin role")] = False,
     email: Annotated[str | None, typer.Option(help="e-mail for notices")] = None,
     unix_name: Annotated[str | None, typer.Option(help="Unix account on the GPU hosts (default: username)")] = None,
+    unix_uid: Annotated[int | None, typer.Option(help="Unix uid on the GPU hosts (directory users)", min=0)] = None,
     password_stdin: Annotated[bool, typer.Option("--password-stdin", help="read the password from standard input")] = False,
     no_password: Annotated[bool, typer.Option("--no-password", help="token-only account, no web sign-in")] = False,
 ) -> None:
@@ -107,13 +108,45 @@ def create_user(
         run_in_transaction(
             _session_factory(get_settings()),
             lambda s: user_service.create_user(
-                s, username=name, password=password, email=email, unix_name=unix_name, admin=is_admin, actor="cli"
+                s, username=name, password=password, email=email, unix_name=unix_name, admin=is_admin, actor="cli",
+                unix_uid=unix_uid,
             ),
         )
     except AppError as e:
         typer.echo(f"error: {e.detail}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"created user {name}" + (" (admin)" if is_admin else ""))
+
+
+@admin.command("set-uid")
+def set_uid(
+    user: Annotated[str, typer.Argument(help="username")],
+    uid: Annotated[str, typer.Argument(help="the Unix uid on the GPU hosts, or 'none' to clear it")],
+) -> None:
+    """Set USER's Unix uid: processes of that uid are theirs even where the host has no passwd entry."""
+    from app.db import run_in_transaction
+    from app.errors import AppError
+    from app.services import users as user_service
+
+    value: int | None
+    if uid.lower() == "none":
+        value = None
+    elif uid.isdigit():
+        value = int(uid)
+    else:
+        typer.echo("error: unix_uid: a whole number from 0 to 4294967294, or 'none'", err=True)
+        raise typer.Exit(2)
+
+    def work(s):
+        target = user_service.get_user(s, user)
+        return user_service.update_user(s, actor=target, username=user, unix_uid=value, audit_actor="cli")
+
+    try:
+        run_in_transaction(_session_factory(get_settings()), work)
+    except AppError as e:
+        typer.echo(f"error: {e.detail}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{user}: unix uid " + ("cleared" if value is None else str(value)))
 
 
 @admin.command("create-token")

@@ -6,6 +6,9 @@ every tool. Compared in the same run:
 
 * gpuroster-agent: ``SnapshotBuilder.build()`` (NVML worker thread with deadline, owner
   lookup with cache, typed snapshot) plus ``model_dump_json()`` (what is posted);
+* gpuroster-agent with container lookups on: half the processes sit in (stand-in) Docker
+  containers, whose owners come from a Docker Engine API stand-in on a Unix socket
+  (testkit/docker_standin.py) through the agent's cached container directory;
 * gpustat: ``gpustat.core.GPUStatCollection.new_query()`` (its wall time includes a 0.1 s
   sleep per GPU that it takes to sample process CPU; its CPU figures do not);
 * nvitop: ``Device.all()`` + per-device processes + ``GpuProcess.take_snapshots()`` +
@@ -23,8 +26,10 @@ Run: ``.venv/bin/python bench/agent_poll.py`` (needs the ``bench`` extra: gpusta
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +41,9 @@ import psutil  # noqa: E402
 
 from agent.collect import SnapshotBuilder  # noqa: E402
 from agent.nvml import NvmlSource  # noqa: E402
-from agent.owners import OwnerResolver  # noqa: E402
+from agent.containers import ContainerDirectory  # noqa: E402
+from agent.owners import OwnerResolver, _read_cgroup  # noqa: E402
+from testkit.docker_standin import DockerStandIn, inspect_body  # noqa: E402
 from testkit.fake_nvml import busy_host, patched_pynvml  # noqa: E402
 
 N_GPUS, PROCS_PER_GPU = 8, 5
@@ -87,6 +94,16 @@ def measure(name: str, poll, n: int, fake, per_call: float, children: bool = Fal
 def main() -> int:
     started = time.perf_counter()
     kids = [subprocess.Popen(["sleep", "600"]) for _ in range(N_GPUS * PROCS_PER_GPU)]
+    sock_dir = Path(tempfile.mkdtemp(prefix="gr-bench-", dir="/tmp"))
+    cids = {k.pid: f"{i + 1:064x}" for i, k in enumerate(kids) if i % 2 == 0}
+    runtime = DockerStandIn(sock_dir / "docker.sock", {
+        cid: inspect_body(cid, name=f"job-{i}", image="pytorch/pytorch:2.5.1", labels={"org.gpuroster.user": "alice"})
+        for i, cid in enumerate(cids.values())
+    })
+
+    def cgroup(pid: int) -> str | None:  # half the children "run in containers"
+        return f"0::/system.slice/docker-{cids[pid]}.scope" if pid in cids else _read_cgroup(pid)
+
     try:
         fake = busy_host(N_GPUS, [k.pid for k in kids], PROCS_PER_GPU)
         fake.nvmlInit()
@@ -109,6 +126,19 @@ def main() -> int:
         results.append(measure("gpuroster-agent", agent_poll, AGENT_POLLS, fake, per_call))
         rss1 = psutil.Process().memory_info().rss
 
+        containers = ContainerDirectory([runtime.path])
+        builder_c = SnapshotBuilder(source, host="bench", resolver=OwnerResolver(containers=containers, cgroup_reader=cgroup))
+
+        def agent_poll_containers() -> None:
+            snap = builder_c.build(next(seq), now)
+            snap.model_dump_json()
+
+        snap = builder_c.build(0, now)
+        boxed = [p for p in snap.processes if p.container_id]
+        assert len(boxed) == len(cids) and all(p.unix_user == "alice" and p.owner_source == "label" for p in boxed)
+        results.append(measure("agent +containers", agent_poll_containers, AGENT_POLLS, fake, per_call))
+        container_requests = len(runtime.requests)
+
         import gpustat.core
         import nvitop.api.libnvml as nvitop_nvml
         from nvitop import Device, GpuProcess
@@ -129,6 +159,8 @@ def main() -> int:
         results.append(measure("subprocess `true`", lambda: subprocess.run(["true"], check=True), SPAWNS, fake, per_call,
                                children=True))
     finally:
+        runtime.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
         for k in kids:
             k.kill()
         for k in kids:
@@ -147,6 +179,13 @@ def main() -> int:
               f"{ratio:>11.2f}x")
     print(f"agent RSS: {rss0 / 2**20:.1f} MiB before, {rss1 / 2**20:.1f} MiB after {AGENT_POLLS} polls "
           f"(growth {(rss1 - rss0) / 2**10:+.0f} KiB)")
+    print(f"container runtime: {container_requests} API request(s) for {len(cids)} containers over "
+          f"{AGENT_POLLS + 2} polls (answers cached per container id)")
+    for base in ("gpustat new_query", "nvitop snapshot"):
+        other = next(r for r in results if r["name"] == base)
+        for r in results[:2]:
+            print(f"{r['name']} CPU per poll / {base}: {r['cpu_ms'] / other['cpu_ms']:.3f} "
+                  f"(own code only: {r['own_ms'] / other['own_ms']:.3f})")
     budget = 0.2
     print(f"agent at 5 s: {ours['cpu_ms'] / 5000 * 100:.4f}% of one core (budget {budget}%: "
           f"{'within' if ours['cpu_ms'] / 5000 * 100 < budget else 'OVER'})")

@@ -9,11 +9,16 @@
 # 3. starts a CUDA process (python + ctypes: cuInit, cuCtxCreate, cuMemAlloc on GPU 0 through
 #    libcuda.so.1, no torch) as a user without any reservation: a throw-away account
 #    `gpuroster-check` when run as root, else the current user;
+#    where a container runtime (docker, podman) answers and a local image with python3 exists
+#    (GPU_CHECK_IMAGE, else the first local cuda/pytorch/python image), also starts the same CUDA
+#    process in a container labelled `org.gpuroster.user=checker` (what `gpuroster env --docker`
+#    prints), which runs as root on the host;
 # 4. runs the agent against real NVML: `--print` (the admin's nvidia-smi-like view) and `--once`
 #    (posts one snapshot to the service);
 # 5. saves the agent's snapshot, the service's GET /api/v1/devices and a summary to OUT_DIR.
 #
-# Exit status: 0 when the agent saw the CUDA process on a GPU and the service lists the GPUs.
+# Exit status: 0 when the agent saw the CUDA process on a GPU, attributed the container's
+# process (if one was started) to the label's owner, and the service lists the GPUs.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,8 +30,11 @@ WORK=$(mktemp -d /tmp/gpuroster-gpu-check.XXXXXX)
 chmod 755 "$WORK"
 mkdir -p "$OUT_DIR"
 PIDS=()
+RUNTIME=""
+CONTAINER_ID=""
 
 cleanup() {
+    if [ -n "$CONTAINER_ID" ]; then "$RUNTIME" rm -f "$CONTAINER_ID" >/dev/null 2>&1 || true; fi
     for pid in "${PIDS[@]:-}"; do
         [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
     done
@@ -108,7 +116,37 @@ grep -q "holding GPU 0" "$OUT_DIR/cuda.log" || { log "CUDA process failed: $(tai
 # runuser forks: the CUDA process is its child
 REAL_CUDA_PID=$(pgrep -P "$CUDA_PID" -f cuda_hold.py || echo "$CUDA_PID")
 log "CUDA process pid $REAL_CUDA_PID as $CUDA_USER (no reservation)"
-sleep 2  # let NVML list it
+
+# -- 3b. the same CUDA process in a container carrying its owner label ------------------------
+for rt in docker podman; do
+    if command -v "$rt" >/dev/null 2>&1 && timeout 20 "$rt" info >/dev/null 2>&1; then RUNTIME=$rt; break; fi
+done
+IMAGE=${GPU_CHECK_IMAGE:-}
+if [ -n "$RUNTIME" ] && [ -z "$IMAGE" ]; then
+    IMAGE=$("$RUNTIME" images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -Ei 'cuda|pytorch|python' | grep -v '<none>' | head -1 || true)
+fi
+if [ -n "$RUNTIME" ] && [ -n "$IMAGE" ]; then
+    GPU0_UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 2>/dev/null | head -1 || true)
+    CONTAINER_ID=$("$RUNTIME" run -d --gpus "\"device=${GPU0_UUID:-0}\"" --label org.gpuroster.user=checker \
+        --name "gpuroster-check-$$" -v "$WORK:/work:ro" "$IMAGE" python3 /work/cuda_hold.py 120 2> "$OUT_DIR/container.log") \
+        || CONTAINER_ID=""
+    for _ in $(seq 1 60); do
+        [ -n "$CONTAINER_ID" ] || break
+        "$RUNTIME" logs "$CONTAINER_ID" 2>&1 | grep -q "holding GPU 0" && break
+        sleep 0.5
+    done
+    if [ -n "$CONTAINER_ID" ] && "$RUNTIME" logs "$CONTAINER_ID" 2>&1 | grep -q "holding GPU 0"; then
+        log "container ${CONTAINER_ID:0:12} ($IMAGE, $RUNTIME) holds GPU 0 as root, label org.gpuroster.user=checker"
+    else
+        log "container did not start on $RUNTIME with $IMAGE: $(tail -2 "$OUT_DIR/container.log" 2>/dev/null)"
+        [ -n "$CONTAINER_ID" ] && "$RUNTIME" logs "$CONTAINER_ID" > "$OUT_DIR/container.log" 2>&1
+        [ -n "$CONTAINER_ID" ] && "$RUNTIME" rm -f "$CONTAINER_ID" >/dev/null 2>&1
+        CONTAINER_ID=""
+    fi
+else
+    log "no container runtime with a local python image here: container attribution not checked"
+fi
+sleep 2  # let NVML list them
 
 # -- 4. the agent on real NVML --------------------------------------------------------------
 printf '' > "$WORK/none.toml"  # an empty config: nothing from /etc/gpuroster leaks into the check
@@ -128,9 +166,9 @@ log "agent --print rc=$PRINT_RC, --once rc=$ONCE_RC ($(head -1 "$OUT_DIR/agent-o
 curl -sS -H "Authorization: Bearer $ADMIN_TOKEN" "$URL/api/v1/devices" > "$OUT_DIR/devices.json" || true
 curl -sS "$URL/metrics" > "$OUT_DIR/metrics.txt" 2>/dev/null || true
 
-"$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" <<'PY' | tee -a "$OUT_DIR/summary.txt"
+"$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" "$CONTAINER_ID" <<'PY' | tee -a "$OUT_DIR/summary.txt"
 import json, sys
-out, pid, user = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out, pid, user, container = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 snap = json.load(open(f"{out}/agent-print.json"))
 print(f"monitoring: {snap['monitoring']}; stale={snap['stale']} suspect={snap['suspect']} "
       f"driver={snap['driver_version']} nvml={snap['nvml_version']} cuda={snap['cuda_version']} binding={snap['binding_version']}")
@@ -141,7 +179,9 @@ for d in snap["devices"]:
 mine = [p for p in snap["processes"] if p["pid"] == pid]
 for p in snap["processes"]:
     print(f"process {p['pid']} {p['type']} on {p['device_uuid']}: user={p['unix_user']} uid={p['uid']} "
-          f"status={p['owner_status']} mem={p['used_memory_mib']} MiB cmd={(p['command'] or '')[:80]}")
+          f"status={p['owner_status']} source={p.get('owner_source')} identity={p.get('identity')} exe={p.get('exe')} "
+          f"mem={p['used_memory_mib']} MiB container={(p.get('container_id') or '')[:12]} {p.get('container_name') or ''} "
+          f"{p.get('container_image') or ''} cmd={(p['command'] or '')[:80]}")
 try:
     devices = json.load(open(f"{out}/devices.json"))
     listed = len(devices) if isinstance(devices, list) else devices
@@ -149,6 +189,12 @@ except ValueError:
     listed = "unreadable"
 print(f"service lists devices: {listed}")
 ok = bool(mine) and mine[0]["unix_user"] == user and isinstance(listed, int) and listed >= 1
-print("RESULT:", "PASS" if ok else "FAIL", f"(CUDA pid {pid} seen: {bool(mine)}, attributed to {mine[0]['unix_user'] if mine else None})")
+boxed = [p for p in snap["processes"] if container and p.get("container_id") == container]
+if container:
+    who = [(p["uid"], p["unix_user"], p.get("owner_source")) for p in boxed]
+    print(f"container {container[:12]}: processes (uid, attributed to, by) {who}")
+    ok = ok and bool(boxed) and all(p["unix_user"] == "checker" and p.get("owner_source") == "label" for p in boxed)
+print("RESULT:", "PASS" if ok else "FAIL", f"(CUDA pid {pid} seen: {bool(mine)}, attributed to {mine[0]['unix_user'] if mine else None}"
+      + (f"; container processes attributed to {sorted({p['unix_user'] for p in boxed})}" if container else "") + ")")
 sys.exit(0 if ok else 1)
 PY

@@ -373,6 +373,8 @@ def patched_pynvml(fake: FakeNVML, *also: Any) -> Iterator[FakeNVML]:
 
 # -- owners ------------------------------------------------------------------------------------
 
+from agent.procid import ProcessIdentity  # noqa: E402 - only the owner fakes need it
+
 _Uids = namedtuple("_Uids", "real effective saved")
 
 
@@ -387,11 +389,14 @@ class FakeOwner:
     cgroup: str | None = "0::/user.slice/user-1000.slice/session-3.scope"
     error: str | None = None  # "exited" (NoSuchProcess) or "denied" (AccessDenied)
     name: str | None = None
+    start_ticks: int = 4242  # /proc/PID/stat field 22
+    exe: str | None = None  # a verified system executable, as agent.procid.verified_exe would say
 
 
 class FakeProcessTable:
-    """Plays ``psutil.Process`` (``process_factory``), ``pwd`` (``user_lookup``) and
-    ``/proc/<pid>/cgroup`` (``cgroup_reader``) for :class:`agent.owners.OwnerResolver`."""
+    """Plays ``psutil.Process`` (``process_factory``), ``pwd`` (``user_lookup``),
+    ``/proc/<pid>/cgroup`` (``cgroup_reader``), ``/proc/<pid>/stat`` (``identify_process``) and
+    the executable check (``exe_check``) for :class:`agent.owners.OwnerResolver`."""
 
     def __init__(self, owners: dict[int, FakeOwner]) -> None:
         self.owners = owners
@@ -399,7 +404,18 @@ class FakeProcessTable:
 
     def resolver_kwargs(self) -> dict[str, Any]:
         """Keyword arguments wiring this table into ``OwnerResolver``."""
-        return {"process_factory": self.process, "user_lookup": self.user, "cgroup_reader": self.cgroup}
+        return {"process_factory": self.process, "user_lookup": self.user, "cgroup_reader": self.cgroup,
+                "identify_process": self.identify, "exe_check": self.exe}
+
+    def identify(self, pid: int) -> ProcessIdentity | None:
+        owner = self.owners.get(pid)
+        if owner is None or owner.error == "exited":
+            return None
+        return ProcessIdentity(pid=pid, start_ticks=owner.start_ticks, boot_id="fake-boot")
+
+    def exe(self, pid: int) -> str | None:
+        owner = self.owners.get(pid)
+        return owner.exe if owner else None
 
     def process(self, pid: int) -> "_FakeProcess":
         self.lookups[pid] += 1

@@ -27,7 +27,7 @@ def list_findings(
     settings: SettingsDep,
     host: Annotated[str | None, Query(max_length=128, description="host name")] = None,
     user_filter: Annotated[str | None, Query(alias="user", max_length=64, description="process owner (unix name)")] = None,
-    kind: Annotated[str | None, Query(pattern="^(unreserved|foreign|overrun|idle)$")] = None,
+    kind: Annotated[str | None, Query(pattern="^(unreserved|foreign|overrun|idle|unattributed|unknown_uid)$")] = None,
     state: Annotated[str | None, Query(pattern="^(open|notified|terminated|resolved)$")] = None,
     since: Annotated[str | None, Query(max_length=64, description="seen at or after (ISO 8601 with offset)")] = None,
     until: Annotated[str | None, Query(max_length=64, description="first seen before (ISO 8601 with offset)")] = None,

@@ -16,7 +16,7 @@ router = APIRouter(tags=["users"])
 
 def _user_read(session, u: User) -> UserRead:
     return UserRead(
-        username=u.username, display_name=u.display_name, email=u.email, unix_name=u.unix_name, role=u.role,
+        username=u.username, display_name=u.display_name, email=u.email, unix_name=u.unix_name, unix_uid=u.unix_uid, role=u.role,
         active=u.active, groups=user_service.group_names_of(session, u), created_at=u.created_at,
     )
 
@@ -43,16 +43,16 @@ def list_users(user: CurrentUser, session: SessionDep, page: PageDep, response: 
 def create_user(data: UserCreate, admin: AdminUser, session: WriteSessionDep) -> UserRead:
     u = user_service.create_user(
         session, username=data.username, password=data.password, email=data.email, unix_name=data.unix_name,
-        display_name=data.display_name, admin=data.role == "admin", actor=f"user:{admin.username}",
+        display_name=data.display_name, admin=data.role == "admin", actor=f"user:{admin.username}", unix_uid=data.unix_uid,
     )
     return _user_read(session, u)
 
 
 @router.patch("/users/{username}", response_model=UserRead)
 def update_user(username: str, data: UserUpdate, admin: AdminUser, session: WriteSessionDep) -> UserRead:
-    """Admins change a user's role, Unix name, e-mail, password, or deactivate them."""
+    """Admins change a user's role, Unix name, Unix uid, e-mail, password, or deactivate them."""
     given = data.model_dump(exclude_unset=True)
-    optional = {k: given[k] for k in ("email", "display_name") if k in given}
+    optional = {k: given[k] for k in ("email", "display_name", "unix_uid") if k in given}
     u = user_service.update_user(
         session, actor=admin, username=username, role=given.get("role"), unix_name=given.get("unix_name"),
         active=given.get("active"), password=given.get("password"), **optional,

@@ -8,6 +8,7 @@ zone. Exit codes are listed in :data:`EXIT_CODES` (and in ``--help``).
 from __future__ import annotations
 
 import getpass
+import shlex
 import socket
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from app.client.api import Api
 from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, command, duration_option, parse_start, pick,
                                 requested_start, reservation_body)
 from app.client.formatting import as_datetime, devices_text, fmt_span, fmt_time, gib, print_json, reservation_line, table
-from app.client.run import run
+from app.client.run import docker_args, run
 
 # ---------------------------------------------------------------------------- commands
 
@@ -204,7 +205,7 @@ def status(
         until = fmt_time(as_datetime(holder["end"]), tz, now) if holder else ""
         if nxt and not holder:
             until = f"next {nxt['user']} {fmt_time(as_datetime(nxt['start']), tz, now)}"
-        procs = " ".join(f"{p.get('unix_user') or '?'}:{p.get('name') or p['pid']}({p['pid']})"
+        procs = " ".join(f"{_owner_text(p)}:{p.get('name') or p['pid']}({p['pid']})"
                          + (f" {gib(p['used_memory_mib'])}" if p.get("used_memory_mib") else "")
                          for p in d.get("processes", []))
         gpu = str(d["index"]) if d.get("index") is not None else "-"
@@ -215,11 +216,20 @@ def status(
     typer.echo(f"times in {tz.key}")
 
 
+def _owner_text(p: dict) -> str:
+    """A process's owner for the status table; an owner nobody can name is said so."""
+    if p.get("owner_status") == "unattributed":
+        return "[unattributed container]"
+    if p.get("owner_status") == "uid_only":
+        return f"[{p.get('owner') or 'uid ' + str(p.get('uid'))}]"
+    return p.get("unix_user") or "?"
+
+
 def env(
     ctx: Ctx,
     host: Annotated[str | None, typer.Option(help="instead of this machine (socket.gethostname())")] = None,
     rid: Annotated[int | None, typer.Option("--id", help="this reservation instead of your active one")] = None,
-    docker: Annotated[bool, typer.Option("--docker", help="print the --gpus value for docker run")] = False,
+    docker: Annotated[bool, typer.Option("--docker", help="print the --gpus value and the owner label for docker run")] = False,
 ) -> None:
     """Print shell exports for your active reservation on this host.
 
@@ -230,7 +240,7 @@ def env(
     r = pick(ctx, rid, host, "env")
     uuids = r["cuda_visible_devices"]
     if docker:
-        typer.echo(f"--gpus '\"device={uuids}\"'")
+        typer.echo(" ".join(shlex.quote(a) for a in docker_args(ctx, uuids)))
         return
     typer.echo(f"export CUDA_VISIBLE_DEVICES={uuids}")
     typer.echo("export CUDA_DEVICE_ORDER=PCI_BUS_ID")

@@ -21,6 +21,18 @@ from app.client.formatting import as_datetime, devices_text, fmt_time
 # ---------------------------------------------------------------------------- run
 
 
+#: The container label the agent reads a container's owner from (its default owner label).
+OWNER_LABEL = "org.gpuroster.user"
+
+
+def docker_args(ctx: Ctx, uuids: str) -> list[str]:
+    """``docker run`` arguments for the reserved GPUs: ``--gpus "device=<uuids>"`` and the owner
+    label ``org.gpuroster.user=<your unix name>``, so the agent attributes the container's
+    processes (which run as root on the host) to you."""
+    me = ctx.api.get("/me")
+    return ["--gpus", f'"device={uuids}"', "--label", f"{OWNER_LABEL}={me['unix_name']}"]
+
+
 def run(
     ctx: Ctx,
     cmd: Annotated[list[str], typer.Argument(help="the command, after --")],
@@ -31,6 +43,8 @@ def run(
     min_memory: Annotated[str | None, typer.Option(help="per GPU, e.g. 40G")] = None,
     rid: Annotated[int | None, typer.Option("--id", help="use this reservation")] = None,
     note: Annotated[str | None, typer.Option(help="note for a new reservation")] = None,
+    docker: Annotated[bool, typer.Option("--docker", help="the command is 'docker run …' (or podman): add the "
+                                          "--gpus value and the owner label after 'run'")] = False,
 ) -> None:
     """Run a command on reserved GPUs of this host, then release them.
 
@@ -42,6 +56,8 @@ def run(
     """
     if not cmd:
         raise Fail("give the command after --, e.g. gpuroster run -n 1 --for 2h -- python train.py", USAGE)
+    if docker and ("run" not in cmd[1:2] or os.path.basename(cmd[0]) not in ("docker", "podman")):
+        raise Fail("--docker: give the container command after --, e.g. gpuroster run --docker -- docker run IMAGE", USAGE)
     h = this_host(ctx, host)
     created = False
     if rid is not None:
@@ -60,6 +76,8 @@ def run(
             created = True
     if r["host"] != h:
         raise Fail(f"reservation #{r['id']} is on {r['host']}, not on this host ({h})")
+    if docker:
+        cmd = [cmd[0], "run", *docker_args(ctx, r["cuda_visible_devices"]), *cmd[2:]]
     code = _run_reserved(ctx, r, cmd, created=created)
     raise typer.Exit(code)
 

@@ -11,20 +11,22 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from app.models.base import Base, utcnow
 from app.models.host import Device, Host
 
-FINDING_KINDS = ("unreserved", "foreign", "overrun", "idle")
+FINDING_KINDS = ("unreserved", "foreign", "overrun", "idle", "unattributed", "unknown_uid")
 FINDING_STATES = ("open", "notified", "terminated", "resolved")
 
 
 class Finding(Base):
     """A process running where its owner holds no covering reservation, or an idle reservation.
 
-    One row per (host, key), where the agent's key identifies (device, pid, create_time, kind).
+    One row per (host, key), where the agent's key identifies (device, pid, process identity,
+    kind). ``unattributed`` (a container whose owner cannot be found, with its id, name and
+    image) and ``unknown_uid`` (a host uid no user has) are for admins.
     """
 
     __tablename__ = "findings"
     __table_args__ = (
         UniqueConstraint("host_id", "key"),
-        CheckConstraint("kind IN ('unreserved', 'foreign', 'overrun', 'idle')", name="kind"),
+        CheckConstraint("kind IN ('unreserved', 'foreign', 'overrun', 'idle', 'unattributed', 'unknown_uid')", name="kind"),
         CheckConstraint("state IN ('open', 'notified', 'terminated', 'resolved')", name="state"),
     )
 
@@ -40,6 +42,8 @@ class Finding(Base):
     uid: Mapped[int | None] = mapped_column(Integer)
     command: Mapped[str | None] = mapped_column(String(4096))
     container_id: Mapped[str | None] = mapped_column(String(128))
+    container_name: Mapped[str | None] = mapped_column(String(256))
+    container_image: Mapped[str | None] = mapped_column(String(512))
     reservation_id: Mapped[int | None] = mapped_column(ForeignKey("reservations.id", ondelete="SET NULL"))
     holder: Mapped[str | None] = mapped_column(String(64))
     message: Mapped[str | None] = mapped_column(String(2048))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, CheckConstraint, ForeignKey, String
+from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.models.base import Base, utcnow
@@ -13,7 +13,9 @@ ROLES = ("member", "admin")
 
 
 class User(Base):
-    """A lab member. ``unix_name`` matches GPU processes to the user (defaults to username)."""
+    """A lab member. ``unix_name`` matches GPU processes to the user (defaults to username);
+    ``unix_uid`` (set by admins, unique) matches processes whose uid has no name on the GPU
+    host (directory users) and is handed to the agents in every ack."""
 
     __tablename__ = "users"
     __table_args__ = (CheckConstraint("role IN ('member', 'admin')", name="role"),)
@@ -23,6 +25,7 @@ class User(Base):
     display_name: Mapped[str | None] = mapped_column(String(128))
     email: Mapped[str | None] = mapped_column(String(254))
     unix_name: Mapped[str] = mapped_column(String(64), unique=True)
+    unix_uid: Mapped[int | None] = mapped_column(Integer, unique=True)
     role: Mapped[str] = mapped_column(String(16), default="member")
     password_hash: Mapped[str | None] = mapped_column(String(256))
     active: Mapped[bool] = mapped_column(Boolean, default=True)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-FindingKind = Literal["unreserved", "foreign", "overrun", "idle"]
+FindingKind = Literal["unreserved", "foreign", "overrun", "idle", "unattributed", "unknown_uid"]
 FindingState = Literal["open", "notified", "terminated", "resolved"]
 
 
@@ -32,7 +32,9 @@ class ActionRead(BaseModel):
 
 
 class FindingRead(BaseModel):
-    """A process where its owner holds no covering reservation, or an idle reservation."""
+    """A process where its owner holds no covering reservation, or an idle reservation; or a
+    process nobody can be named for: ``unattributed`` (a container without a known owner:
+    ``container_id``, ``container_name``, ``container_image``) or ``unknown_uid`` (``uid``)."""
 
     id: int
     host: str
@@ -48,6 +50,8 @@ class FindingRead(BaseModel):
     uid: int | None
     command: str | None
     container_id: str | None
+    container_name: str | None = None
+    container_image: str | None = None
     reservation_id: int | None
     holder: str | None
     message: str | None

@@ -82,6 +82,11 @@ class ProcessRead(BaseModel):
     name: str | None
     container_id: str | None
     owner_status: str
+    owner: str | None = Field(
+        default=None,
+        description="who the process is shown as: its user, 'user-c (uid 20001)', "
+        "'uid 20001, unknown to gpuroster' or 'unattributed container'",
+    )
     finding: str | None = Field(default=None, description="kind of an open finding on this process, if any")
 
 

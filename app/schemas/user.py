@@ -7,6 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: The largest valid uid: uid_t is 32 bits and (uid_t)-1 means "no uid".
+MAX_UID = 2**32 - 2
+
 
 class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -14,6 +17,7 @@ class UserCreate(BaseModel):
     password: str | None = Field(default=None, min_length=8, max_length=1024)
     email: str | None = Field(default=None, max_length=254)
     unix_name: str | None = Field(default=None, max_length=32)
+    unix_uid: int | None = Field(default=None, ge=0, le=MAX_UID, description="Unix uid on the GPU hosts (directory users)")
     display_name: str | None = Field(default=None, max_length=128)
     role: Literal["member", "admin"] = "member"
 
@@ -22,6 +26,7 @@ class UserUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     email: str | None = Field(default=None, max_length=254)
     unix_name: str | None = Field(default=None, max_length=32)
+    unix_uid: int | None = Field(default=None, ge=0, le=MAX_UID, description="null clears it")
     display_name: str | None = Field(default=None, max_length=128)
     role: Literal["member", "admin"] | None = None
     active: bool | None = None
@@ -33,6 +38,7 @@ class UserRead(BaseModel):
     display_name: str | None
     email: str | None
     unix_name: str
+    unix_uid: int | None = None
     role: str
     active: bool
     groups: list[str] = Field(default_factory=list)

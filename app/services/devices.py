@@ -10,7 +10,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from app.errors import NotFound
-from app.models import AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice
+from app.models import (
+    AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice, User,
+)
 from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, TelemetryRead
 
 STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
@@ -69,6 +71,17 @@ class DeviceView:
     next_reservation: Reservation | None = None
     finding_pids: dict[int, str] = field(default_factory=dict)
     status: str = "free"
+    uid_names: dict[int, str] = field(default_factory=dict)
+
+    def owner_label(self, p: DeviceProcess) -> str:
+        """Who ``p`` is shown as: its user; a uid without a passwd entry on the host through the
+        users' Unix uids; or the state of an owner nobody can name."""
+        if p.owner_status == "uid_only":
+            name = self.uid_names.get(p.uid) if p.uid is not None else None
+            return f"{name} (uid {p.uid})" if name else f"uid {p.uid}, unknown to gpuroster"
+        if p.owner_status == "unattributed":
+            return "unattributed container"
+        return p.unix_user or "unknown"
 
 
 def _device_status(v: DeviceView, host_state: str) -> str:
@@ -83,7 +96,8 @@ def _device_status(v: DeviceView, host_state: str) -> str:
     if v.finding_pids:
         return "finding"
     users = {p.unix_user for p in v.processes if p.unix_user and p.type != "G"}
-    if users:
+    # a process nobody can name still occupies the device
+    if users or any(p.owner_status in ("uid_only", "unattributed") and p.type != "G" for p in v.processes):
         return "in-use"
     if v.holder is not None:
         return "reserved-idle"
@@ -110,6 +124,9 @@ def device_views(
     procs: dict[int, list[DeviceProcess]] = defaultdict(list)
     for p in session.scalars(select(DeviceProcess).where(DeviceProcess.device_id.in_(ids)).order_by(DeviceProcess.pid)):
         procs[p.device_id].append(p)
+    bare_uids = {p.uid for ps in procs.values() for p in ps if p.owner_status == "uid_only" and p.uid is not None}
+    uid_names = dict(session.execute(select(User.unix_uid, User.username).where(User.unix_uid.in_(bare_uids))).all()) \
+        if bare_uids else {}
     # current holder and next reservation per device (MIG: a whole-GPU reservation holds its slices)
     rows = session.execute(
         select(ReservationDevice.device_id, ReservationDevice.physical_id, ReservationDevice.slice_kind, Reservation)
@@ -138,7 +155,7 @@ def device_views(
     out = []
     for d in devices:
         v = DeviceView(device=d, host=d.host, telemetry=tele.get(d.id), processes=procs.get(d.id, []),
-                       finding_pids=open_findings.get(d.id, {}))
+                       finding_pids=open_findings.get(d.id, {}), uid_names=uid_names)
         for r in sorted(by_dev.get(d.id, []), key=lambda r: r.start_at):
             if r.start_at <= now < r.end_at and v.holder is None:
                 v.holder = r
@@ -167,7 +184,7 @@ def to_device_read(v: DeviceView, parents: dict[int, str]) -> DeviceRead:
         processes=[
             ProcessRead(pid=p.pid, type=p.type, used_memory_mib=p.used_memory_mib, unix_user=p.unix_user, uid=p.uid,
                         command=p.command, name=p.name, container_id=p.container_id, owner_status=p.owner_status,
-                        finding=v.finding_pids.get(p.pid))
+                        owner=v.owner_label(p), finding=v.finding_pids.get(p.pid))
             for p in v.processes
         ],
         holder=_holder(v.holder), next_reservation=_holder(v.next_reservation), status=v.status,

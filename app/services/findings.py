@@ -98,6 +98,8 @@ def record_findings(
             f.uid = rep.uid
             f.command = rep.command
             f.container_id = rep.container_id
+            f.container_name = rep.container_name
+            f.container_image = rep.container_image
             f.reservation_id = rep.reservation_id if rep.reservation_id in known_rids else None
             f.holder = rep.holder
             f.message = rep.message
@@ -248,6 +250,7 @@ def to_reads(session: Session, findings: Sequence[Finding], *, viewer: User) -> 
             device_uuid=d.uuid if d else None, device_index=d.index if d else None,
             device_pci_bus_id=d.pci_bus_id if d else None, pid=f.pid, create_time=f.create_time,
             unix_user=f.unix_user, uid=f.uid, command=f.command, container_id=f.container_id,
+            container_name=f.container_name, container_image=f.container_image,
             reservation_id=f.reservation_id, holder=f.holder, message=f.message, first_seen_at=f.first_seen_at,
             last_seen_at=f.last_seen_at, resolved_at=f.resolved_at,
             notices=[NoticeRead(channel=n.channel, recipient=n.recipient if see else None, sent_at=n.sent_at,  # type: ignore[arg-type]

@@ -63,7 +63,8 @@ def reservation_table(session: Session, *, host: Host, now: datetime) -> list[Re
     expanded), since this runs on every snapshot.
     """
     rows = session.execute(
-        select(Reservation.id, Reservation.start_at, Reservation.end_at, User.username, User.unix_name, Device.uuid)
+        select(Reservation.id, Reservation.start_at, Reservation.end_at, User.username, User.unix_name, Device.uuid,
+               User.unix_uid)
         .join(User, User.id == Reservation.user_id)
         .join(ReservationDevice, ReservationDevice.reservation_id == Reservation.id)
         .join(Device, Device.id == ReservationDevice.device_id)
@@ -78,29 +79,41 @@ def reservation_table(session: Session, *, host: Host, now: datetime) -> list[Re
     if not rows:
         return []
     entries: dict[int, ReservationEntry] = {}
-    for rid, start, end, username, unix_name, uuid in rows:
+    for rid, start, end, username, unix_name, uuid, unix_uid in rows:
         e = entries.get(rid)
         if e is None:
-            e = entries[rid] = ReservationEntry(id=rid, user=username, unix_name=unix_name, device_uuids=[], start=start, end=end)
+            e = entries[rid] = ReservationEntry(id=rid, user=username, unix_name=unix_name, unix_uid=unix_uid,
+                                                device_uuids=[], start=start, end=end)
         e.device_uuids.append(uuid)
     ids = list(entries)
     direct = (
-        select(ReservationShare.reservation_id, User.unix_name)
+        select(ReservationShare.reservation_id, User.unix_name, User.unix_uid)
         .join(User, User.id == ReservationShare.user_id)
         .where(ReservationShare.reservation_id.in_(ids))
     )
     via_group = (
-        select(ReservationShare.reservation_id, User.unix_name)
+        select(ReservationShare.reservation_id, User.unix_name, User.unix_uid)
         .join(GroupMember, GroupMember.group_id == ReservationShare.group_id)
         .join(User, User.id == GroupMember.user_id)
         .where(ReservationShare.reservation_id.in_(ids))
     )
     shared: dict[int, set[str]] = {}
-    for rid, unix in session.execute(union_all(direct, via_group)):
+    shared_uids: dict[int, set[int]] = {}
+    for rid, unix, uid in session.execute(union_all(direct, via_group)):
         shared.setdefault(rid, set()).add(unix)
+        if uid is not None:
+            shared_uids.setdefault(rid, set()).add(uid)
     for rid, names in shared.items():
         entries[rid].shared_with = sorted(names)
+        entries[rid].shared_uids = sorted(shared_uids.get(rid, ()))
     return list(entries.values())
+
+
+def uid_table(session: Session) -> dict[int, str]:
+    """Unix uid -> unix_name of every active user with a uid: the agent judges a process whose
+    uid has no passwd entry on the host (directory users) by this table."""
+    rows = session.execute(select(User.unix_uid, User.unix_name).where(User.unix_uid.is_not(None), User.active.is_(True)))
+    return {uid: name for uid, name in rows}
 
 
 def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settings: Settings, now: datetime) -> SnapshotAck:
@@ -113,6 +126,7 @@ def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settin
         policy=host_policy(host),
         reservations=reservation_table(session, host=host, now=now),
         open_devices=open_devices,
+        unix_uids=uid_table(session),
         booking_url=settings.base_url.rstrip("/") + "/book",
     )
 

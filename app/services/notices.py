@@ -6,7 +6,9 @@ When and to whom
     ``Host.notice_interval_seconds`` (the agent rate-limits its terminal notices the same way,
     separately). A round is: one ``web`` notice row (the UI lists it; status ``sent``); an
     ``email`` to the offender (``User.email`` of the user whose ``unix_name`` is the process
-    owner) and, for ``foreign``, to the rightful holder; one ``webhook`` POST
+    owner) and, for ``foreign``, to the rightful holder; for ``unattributed`` and
+    ``unknown_uid`` (nobody to name as the offender) an ``email`` to every active admin and to
+    the device's holder, if any; one ``webhook`` POST
     (``settings.webhook_url``) with ``{"text": ...}``, which Slack and Mattermost incoming
     webhooks accept. E-mail needs ``settings.smtp_host``, the webhook ``settings.webhook_url``;
     without them those channels are not used. A user without an e-mail address gets a
@@ -50,6 +52,8 @@ from app.models import Device, Finding, Host, Notice, User, utcnow
 log = logging.getLogger(__name__)
 
 SERVICE_CHANNELS = ("web", "email", "webhook")
+#: Findings about a process nobody can be named for: the admins are told.
+ADMIN_KINDS = ("unattributed", "unknown_uid")
 ACTIVE_STATES = ("open", "notified")
 SMTP_TIMEOUT_S = 10.0
 WEBHOOK_TIMEOUT_S = 5.0
@@ -101,6 +105,9 @@ def queue_notices(
     remote = host.source != "replay"
     wanted = {u for f in due for u in (f.unix_user, f.holder) if u}
     users = {u.unix_name: u for u in session.scalars(select(User).where(User.unix_name.in_(wanted)))} if wanted else {}
+    admins: list[User] = []
+    if any(f.kind in ADMIN_KINDS for f in due):
+        admins = list(session.scalars(select(User).where(User.role == "admin", User.active.is_(True)).order_by(User.id)))
     rows: list[Notice] = []
     for f in due:
         rows.append(Notice(finding_id=f.id, channel="web", recipient=f.unix_user, sent_at=now, status="sent",
@@ -108,9 +115,17 @@ def queue_notices(
         if not remote:
             continue
         if settings.smtp_host:
-            recipients = [("offender", f.unix_user)]
-            if f.kind == "foreign" and f.holder and f.holder != f.unix_user:
+            recipients = [("offender", f.unix_user)] if f.kind not in ADMIN_KINDS else []
+            if f.kind in ("foreign", *ADMIN_KINDS) and f.holder and f.holder != f.unix_user:
                 recipients.append(("holder", f.holder))
+            if f.kind in ADMIN_KINDS:
+                for a in admins:
+                    if a.email:
+                        rows.append(Notice(finding_id=f.id, channel="email", recipient=a.email, sent_at=now,
+                                           status="pending", detail="admin"))
+                if not any(a.email for a in admins):
+                    rows.append(Notice(finding_id=f.id, channel="email", recipient=None, sent_at=now, status="skipped",
+                                       detail="admin: no active admin with an e-mail address"))
             for role, unix in recipients:
                 if not unix:
                     continue
@@ -201,6 +216,16 @@ def _compose(n: Notice, f: Finding, host: Host, device: Device | None, settings:
     where = _device_label(device)
     proc = f"process {f.pid} ({_clean(f.command, 160)})" if f.pid else ""
     link = settings.base_url.rstrip("/") + "/findings"
+    if f.kind in ADMIN_KINDS:
+        if f.kind == "unattributed":
+            who = (f"a container whose owner gpuroster cannot find: id {f.container_id or '?'}, "
+                   f"name {f.container_name or '?'}, image {f.container_image or '?'}")
+        else:
+            who = f"uid {f.uid}, unknown to gpuroster (give the user that Unix uid on the admin page)"
+        held = f", reserved by {f.holder}" if f.holder else ""
+        subject = f"[gpuroster] {f.kind.replace('_', ' ')} process on {host.name}: {where.split(' (')[0]}"
+        text = f"gpuroster: {host.name} {where}{held}: {proc} of {who}. Nothing is signalled until its owner is known."
+        return subject, text if n.channel == "webhook" else f"{text}\n\n{link}\n"
     if n.channel == "email" and n.detail == "holder":
         subject = f"[gpuroster] your reserved {where.split(' (')[0]} on {host.name} is occupied"
         body = (f"Your reservation {f.reservation_id or ''} of {where} on {host.name} is occupied by "

@@ -37,8 +37,10 @@ def create_user(
     display_name: str | None = None,
     admin: bool = False,
     actor: str = "system",
+    unix_uid: int | None = None,
 ) -> User:
-    """Create a user; ``unix_name`` defaults to ``username``. Raises Conflict if either is taken."""
+    """Create a user; ``unix_name`` defaults to ``username``. Raises Conflict if either, or
+    the Unix uid ``unix_uid``, is taken; InvalidInput for a uid outside 0..2^32-2."""
     validate_name(username, field="username")
     unix = validate_name(unix_name or username, field="unix_name")
     if password is not None and len(password) < MIN_PASSWORD:
@@ -49,9 +51,11 @@ def create_user(
     if clash is not None:
         what = "username" if clash.username == username else "unix_name"
         raise Conflict(f"{what}: {username if what == 'username' else unix!r} is already taken", field=what)
+    _check_uid(session, unix_uid, None)
     user = User(
         username=username,
         unix_name=unix,
+        unix_uid=unix_uid,
         email=email,
         display_name=display_name,
         role="admin" if admin else "member",
@@ -67,6 +71,18 @@ def create_user(
 _UNSET: object = object()
 
 
+def _check_uid(session: Session, uid: int | None, user_id: int | None) -> None:
+    """Raise InvalidInput for a uid outside 0..2^32-2, Conflict when another user has it."""
+    if uid is None:
+        return
+    if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid <= 2**32 - 2:
+        raise InvalidInput("unix_uid: a whole number from 0 to 4294967294", field="unix_uid")
+    other = session.scalar(select(User.username).where(User.unix_uid == uid, User.id != user_id) if user_id
+                           else select(User.username).where(User.unix_uid == uid))
+    if other is not None:
+        raise Conflict(f"unix_uid: {uid} already belongs to {other}", field="unix_uid")
+
+
 def update_user(
     session: Session,
     *,
@@ -78,10 +94,14 @@ def update_user(
     email: str | None | object = _UNSET,
     display_name: str | None | object = _UNSET,
     password: str | None = None,
+    unix_uid: int | None | object = _UNSET,
+    audit_actor: str | None = None,
 ) -> User:
-    """Admin change of a user: role, Unix name (unique), active flag, e-mail, display name,
-    password. ``None`` leaves a field alone (e-mail and display name: pass ``None`` to clear).
-    Admins cannot demote or deactivate themselves. Audit-logged (the password as "changed").
+    """Admin change of a user: role, Unix name (unique), Unix uid (unique), active flag,
+    e-mail, display name, password. ``None`` leaves a field alone (e-mail, display name and
+    Unix uid: pass ``None`` to clear).
+    Admins cannot demote or deactivate themselves. Audit-logged (the password as "changed") as
+    ``user:<actor>``, or ``audit_actor`` (the server CLI logs ``cli``).
     Raises NotFound, InvalidInput, Conflict (Unix name taken), Forbidden.
     """
     u = get_user(session, username)
@@ -97,6 +117,9 @@ def update_user(
         changes["unix_name"] = unix_name
     if active is not None:
         changes["active"] = active
+    if unix_uid is not _UNSET and unix_uid != u.unix_uid:
+        _check_uid(session, unix_uid, u.id)  # type: ignore[arg-type]
+        changes["unix_uid"] = unix_uid
     if email is not _UNSET:
         if email is not None and "@" not in str(email):
             raise InvalidInput("email: not an e-mail address", field="email")
@@ -112,7 +135,7 @@ def update_user(
     if password is not None:
         u.password_hash = hash_password(password)
     detail = dict(changes) | ({"password": "changed"} if password is not None else {})
-    session.add(AuditLog(actor=f"user:{actor.username}", action="user.update", target=f"user:{username}", detail=detail))
+    session.add(AuditLog(actor=audit_actor or f"user:{actor.username}", action="user.update", target=f"user:{username}", detail=detail))
     session.flush()
     return u
 

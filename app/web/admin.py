@@ -82,6 +82,16 @@ def admin_page(
     return page(request, "admin.html", admin_context(session, viewer=viewer, notice=DONE.get(done or "")))
 
 
+def _uid(form) -> int | None:  # noqa: ANN001 - the parsed form
+    """The form's ``unix_uid`` as an int, ``None`` when empty; InvalidInput naming the field."""
+    text = form_str(form, "unix_uid").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise InvalidInput("unix_uid: a whole number from 0 to 4294967294", field="unix_uid")
+    return int(text)
+
+
 @router.post("/admin/users")
 def create_user(request: Request, viewer: AdminFormViewer, session: WriteSessionDep, form: FormBody) -> Response:
     """Create a user (password optional: without one the account signs in with API tokens only)."""
@@ -90,7 +100,7 @@ def create_user(request: Request, viewer: AdminFormViewer, session: WriteSession
             session, username=form_str(form, "username"), password=form_str(form, "password") or None,
             email=form_str(form, "email") or None, unix_name=form_str(form, "unix_name") or None,
             display_name=form_str(form, "display_name") or None, admin=form_str(form, "admin") == "1",
-            actor=f"user:{viewer.user.username}",
+            actor=f"user:{viewer.user.username}", unix_uid=_uid(form),
         )
     except AppError as e:
         return _failed(request, session, viewer, e, "users")
@@ -101,12 +111,14 @@ def create_user(request: Request, viewer: AdminFormViewer, session: WriteSession
 def change_user(
     request: Request, username: str, viewer: AdminFormViewer, session: WriteSessionDep, form: FormBody
 ) -> Response:
-    """Change a user's role and Unix name, or (``active``) deactivate or reactivate them."""
+    """Change a user's role, Unix name and Unix uid (empty clears it), or (``active``)
+    deactivate or reactivate them."""
     active = form_str(form, "active")
     try:
+        uid = {"unix_uid": _uid(form)} if "unix_uid" in form else {}
         user_service.update_user(
             session, actor=viewer.user, username=username, role=form_str(form, "role") or None,
-            unix_name=form_str(form, "unix_name") or None, active={"1": True, "0": False}.get(active),
+            unix_name=form_str(form, "unix_name") or None, active={"1": True, "0": False}.get(active), **uid,
         )
     except AppError as e:
         return _failed(request, session, viewer, e, "users")

@@ -34,6 +34,8 @@ KIND_TEXT = {
     "foreign": "foreign: the device is reserved by someone else",
     "overrun": "overrun: still running after the reservation ended",
     "idle": "idle: reserved devices stay idle",
+    "unattributed": "unattributed: a container whose owner cannot be found (admins are told)",
+    "unknown_uid": "unknown uid: a uid no gpuroster user has (admins are told)",
 }
 
 

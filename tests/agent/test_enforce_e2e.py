@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from agent.enforce import Enforcer
+from agent.procid import identify, verified_exe
 from agent.schema import DeviceReport, FindingReport, HostPolicy, ProcessReport, ReservationEntry, Snapshot, SnapshotAck
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start children as nobody")
@@ -129,7 +130,8 @@ def live_processes(pids: list[int], *, lie: dict | None = None) -> list[ProcessR
                 if p.status() == psutil.STATUS_ZOMBIE:
                     continue
                 rep = dict(device_uuid=GPU, pid=pid, uid=p.uids().real, unix_user=p.username(), name=p.name(),
-                           command=" ".join(p.cmdline()), create_time=p.create_time(), used_memory_mib=1024.0)
+                           command=" ".join(p.cmdline()), create_time=p.create_time(), used_memory_mib=1024.0,
+                           identity=identify(pid).token, exe=verified_exe(pid))
         except psutil.NoSuchProcess:
             continue
         rep.update(lie or {})
@@ -259,7 +261,9 @@ def test_reused_pid_is_not_signalled(tmp_path, children) -> None:
     e = Enforcer(tmp_path)
     ack = make_ack(HostPolicy(policy="terminate", grace_seconds=0, kill_timeout_seconds=1))
     old = psutil.Process(c.pid).create_time() - 500.0
-    run = drive(e, ack, [c], interval=0.1, lie={"create_time": old}, timeout=5,
+    ident = identify(c.pid)
+    older = f"{ident.start_ticks - 50000}@{ident.boot_id}"
+    run = drive(e, ack, [c], interval=0.1, lie={"create_time": old, "identity": older}, timeout=5,
                 until=lambda run: bool(run.actions()), after=1.5)
     assert run.actions() == ["skipped"]
     [skip] = [a for f in run.reports() for a in f.actions]
@@ -293,8 +297,8 @@ def test_exempt_user_or_name_is_never_a_finding_nor_signalled(tmp_path, children
     # the report names another program, the live process is exempt: refused
     policy = HostPolicy(policy="terminate", grace_seconds=0, exempt_process_names=["sleep"])
     run = drive(Enforcer(tmp_path / "lie"), make_ack(policy), [c], interval=0.1, timeout=5,
-                lie={"name": "python", "command": "python train.py"}, until=lambda run: bool(run.actions()))
-    assert run.actions() == ["skipped"] and "exempt process sleep" in run.reports()[0].actions[0].reason
+                lie={"name": "python", "command": "python train.py", "exe": None}, until=lambda run: bool(run.actions()))
+    assert run.actions() == ["skipped"] and "exempt system executable" in run.reports()[0].actions[0].reason
     assert c.popen.poll() is None
 
 

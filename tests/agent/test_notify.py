@@ -76,7 +76,8 @@ def test_describe_device_whole_gpu_mig_and_unknown() -> None:
 def test_free_devices_b16_display_process_does_not_make_busy() -> None:
     policy = HostPolicy()
     procs = [
-        ProcessReport(device_uuid=G0, pid=1357, type="G", unix_user="root", uid=0, name="Xorg", create_time=1.0),
+        ProcessReport(device_uuid=G0, pid=1357, type="G", unix_user="root", uid=0, name="Xorg", create_time=1.0,
+                      exe="/usr/lib/xorg/Xorg"),
         ProcessReport(device_uuid=MIG2, pid=5, unix_user="user-a", uid=1001, create_time=1.0),
     ]
     free = free_devices(DEVICES, procs, [], policy, now=NOW)

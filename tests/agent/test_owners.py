@@ -56,7 +56,7 @@ def test_podman_conmon_is_not_the_container():
     assert container_id_from_cgroup(f"0::/machine.slice/libpod-conmon-{C1}.scope") is None
 
 
-def test_owner_cache_keyed_by_pid_and_start_time():
+def test_owner_cache_keyed_by_pid_and_start_ticks():
     table = FakeProcessTable({41001: FakeOwner(uid=1001, user="user-a", create_time=100.0)})
     resolver = OwnerResolver(**table.resolver_kwargs())
     first = resolver.resolve(41001)
@@ -64,12 +64,23 @@ def test_owner_cache_keyed_by_pid_and_start_time():
     assert resolver.resolve(41001) is first  # cached
     resolver.end_poll()
     # the pid is recycled by another user's process: new start time, new owner
-    table.owners[41001] = FakeOwner(uid=1002, user="user-b", create_time=200.0)
+    table.owners[41001] = FakeOwner(uid=1002, user="user-b", create_time=200.0, start_ticks=9999)
     second = resolver.resolve(41001)
     assert (second.user, second.create_time) == ("user-b", 200.0)
     resolver.end_poll()
     resolver.end_poll()  # not seen for a poll: forgotten
     assert resolver._cache == {}
+
+
+def test_B36_clock_step_keeps_the_cached_owner_and_identity():
+    """psutil's create_time moves with a stepped clock; the start ticks do not."""
+    table = FakeProcessTable({41001: FakeOwner(uid=1001, user="user-a", create_time=100.0)})
+    resolver = OwnerResolver(**table.resolver_kwargs())
+    first = resolver.resolve(41001)
+    resolver.end_poll()
+    table.owners[41001].create_time = 102.0  # boot time moved by +2 s
+    again = resolver.resolve(41001)
+    assert again is first and again.identity == "4242@fake-boot"
 
 
 def test_hide_args_reports_the_executable_only():
@@ -80,10 +91,10 @@ def test_hide_args_reports_the_executable_only():
     assert hidden.command == "/usr/bin/python3" and hidden.name == "python3"
 
 
-def test_uid_without_passwd_entry_keeps_uid_user_none():
+def test_uid_without_passwd_entry_is_uid_only_with_user_none():
     table = FakeProcessTable({7: FakeOwner(uid=123456, user=None)})
     owner = OwnerResolver(**table.resolver_kwargs()).resolve(7)
-    assert owner.status == "ok" and owner.uid == 123456 and owner.user is None
+    assert owner.status == "uid_only" and owner.uid == 123456 and owner.user is None
 
 
 def test_real_process_resolves_to_current_user():

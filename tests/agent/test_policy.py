@@ -29,9 +29,10 @@ def at(hh: int, mm: int = 0, ss: int = 0, us: int = 0) -> datetime:
 
 
 def proc(pid: int, dev: str, user: str | None, uid: int | None = 1001, *, name: str = "python",
-         command: str | None = None, status: str = "ok", ct: float = 1741600000.25) -> ProcessReport:
+         command: str | None = None, status: str = "ok", ct: float = 1741600000.25,
+         exe: str | None = None) -> ProcessReport:
     return ProcessReport(device_uuid=dev, pid=pid, unix_user=user, uid=uid, name=name,
-                         command=command or f"{name} train.py", create_time=ct, owner_status=status)
+                         command=command or f"{name} train.py", create_time=ct, owner_status=status, exe=exe)
 
 
 def res(rid: int, user: str, devs: list[str], start: datetime, end: datetime, shared: list[str] | None = None) -> ReservationEntry:
@@ -84,14 +85,22 @@ CASES = [
     ("mig_instance_foreign_against_parent_holder", proc(1, MIG3, "user-a"), at(21), ("foreign", 5, "user-d")),
     ("parent_gpu_not_covered_by_instance_reservation", proc(1, H100, "user-a"), at(11), ("unreserved", None, None)),
     ("unknown_device_is_unreserved", proc(1, "GPU-unknown", "user-a"), at(11), ("unreserved", None, None)),
-    ("root_uid_exempt", proc(1, GPU0, "user-x", uid=0), at(11), None),
+    ("root_uid_verified_exe_exempt", proc(1, GPU0, "user-x", uid=0, exe="/usr/bin/python3"), at(11), None),
+    ("root_uid_unverified_exe_is_judged", proc(1, GPU0, "root", uid=0), at(11), ("foreign", 1, "user-a")),
     ("root_name_without_uid_exempt", proc(1, GPU0, "root", uid=None, status="replay"), at(11), None),
-    ("system_account_exempt", proc(1, GPU0, "nvidia-persist", uid=999), at(11), None),
+    ("system_account_exempt", proc(1, GPU0, "nvidia-persist", uid=999, exe="/usr/bin/nvidia-persistenced"), at(11), None),
     ("min_uid_boundary_is_judged", proc(1, GPU0, "user-x", uid=1000), at(11), ("foreign", 1, "user-a")),
-    ("exempt_name_by_process_name", proc(1, GPU0, "user-x", name="dcgm-exporter"), at(11), None),
-    ("exempt_name_by_command_path", proc(1, GPU0, "user-x", name="X", command="/usr/lib/xorg/Xorg -core :0"), at(11), None),
+    ("exempt_name_by_verified_exe", proc(1, GPU0, "user-x", name="dcgm-exporter", exe="/usr/bin/dcgm-exporter"), at(11), None),
+    ("D2_exempt_name_chosen_by_the_process_is_judged", proc(1, GPU0, "user-x", name="dcgm-exporter",
+                                                             command="Xorg 600"), at(11), ("foreign", 1, "user-a")),
+    ("exempt_name_by_replayed_command_path", proc(1, GPU0, "user-x", name="X", command="/usr/lib/xorg/Xorg -core :0",
+                                                  status="replay"), at(11), None),
     ("replay_owner_is_judged", proc(1, GPU0, "user-x", uid=None, status="replay"), at(11), ("foreign", 1, "user-a")),
-    ("owner_ok_but_no_user_never_judged", proc(1, GPU0, None, uid=None), at(11), None),
+    ("uid_without_name_is_unknown_uid", proc(1, GPU0, None, uid=20001, status="uid_only"), at(11), ("unknown_uid", 1, "user-a")),
+    ("unknown_uid_on_free_device_has_no_holder", proc(1, GPU1, None, uid=20001, status="uid_only"), at(13),
+     ("unknown_uid", None, None)),
+    ("unknown_uid_on_open_device_is_fine", proc(1, OPEN, None, uid=20001, status="uid_only"), at(11), None),
+    ("replay_without_owner_never_judged", proc(1, GPU0, None, uid=None, status="replay"), at(11), None),
 ]
 
 
@@ -111,7 +120,7 @@ def test_exempt_users_from_policy() -> None:
 
 
 def test_min_uid_is_configurable() -> None:
-    p = proc(1, GPU0, "user-x", uid=600)
+    p = proc(1, GPU0, "user-x", uid=600, exe="/usr/sbin/daemon")
     assert one(p, at(11)) is None
     assert one(p, at(11), policy=HostPolicy(min_uid=500)) == ("foreign", 1, "user-a")
 
@@ -216,12 +225,12 @@ def test_B15_xorg_root_exempt_render_app_of_user_b_flagged() -> None:
     procs = [
         ProcessReport(device_uuid=GPU0, pid=36528, type="C+G", unix_user="user-a", uid=1001, name="python", create_time=1.0),
         ProcessReport(device_uuid=GPU0, pid=978, type="G", unix_user="root", uid=0, name="Xorg",
-                      command="/usr/lib/Xorg", create_time=1.0),
+                      command="/usr/lib/Xorg", create_time=1.0, exe="/usr/lib/Xorg"),
         ProcessReport(device_uuid=GPU0, pid=33466, type="G", unix_user="user-b", uid=1002, name="blender", create_time=2.0),
     ]
     out = judge(procs, table, POLICY, now=at(10), devices=DEVICES)
     assert [(j.pid, j.kind, j.holder) for j in out] == [(33466, "foreign", "user-a")]
-    # Xorg is exempt by name even if a display manager runs it under a normal uid
+    # the verified Xorg executable is exempt even if a display manager runs it under a normal uid
     xorg_user = procs[1].model_copy(update={"unix_user": "gdm-user", "uid": 1500})
     assert judge([xorg_user], table, POLICY, now=at(10), include_idle=False) == []
 
@@ -232,7 +241,7 @@ def test_B16_display_and_baseline_processes_give_no_findings() -> None:
         DeviceReport(uuid=GPU1, index=1, memory_used_mib=2, utilization_gpu=0.0),
     ]
     procs = [ProcessReport(device_uuid=GPU0, pid=1357, type="G", used_memory_mib=4, unix_user="root", uid=0,
-                           name="Xorg", create_time=1.0)]
+                           name="Xorg", create_time=1.0, exe="/usr/lib/xorg/Xorg")]
     assert judge(procs, [], POLICY, now=at(10), devices=devices) == []
     # the exempt process does not keep a reserved GPU from counting as idle
     table = [res(1, "user-a", [GPU0], at(9), at(17))]

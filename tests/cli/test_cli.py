@@ -254,7 +254,8 @@ def test_env_prints_exports_that_bash_evaluates(lab):
     script = 'eval "set -- $(gpuroster env --docker --host node-01)"; printf "%s\\n" "$@"'
     out = subprocess.run(["bash", "-c", script], env={**lab.env(lab.alice), "PATH": f"{BIN}:{os.environ['PATH']}"},
                          capture_output=True, text=True, timeout=60)
-    assert out.stdout.splitlines() == ["--gpus", f'"device={lab.devices[0]},{lab.devices[2]}"']
+    assert out.stdout.splitlines() == ["--gpus", f'"device={lab.devices[0]},{lab.devices[2]}"',
+                                       "--label", "org.gpuroster.user=alice"]
     # no active reservation: nothing on stdout, exit 1
     out = lab.cli("env", "--host", "node-01", token="bob")
     assert out.returncode == 1 and out.stdout == "" and "no active reservation" in out.stderr
@@ -310,6 +311,39 @@ def test_run_reserves_runs_with_the_environment_and_releases_with_the_exit_statu
     out = lab.cli("run", "--for", "1h", "--host", "node-01", "--", "/nonexistent/command")
     assert out.returncode == 127 and "cannot start" in out.stderr
     assert {x["state"] for x in _mine(lab)} == {"released"}
+
+
+def test_run_docker_passes_the_gpus_and_the_owner_label_after_run(lab):
+    fake = lab.tmp / "bin" / "docker"  # stands in for the docker client: prints the argv it got
+    fake.parent.mkdir()
+    fake.write_text(f"#!{PY}\nimport sys; print('\\n'.join(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    out = lab.cli("run", "--docker", "--for", "1h", "--host", "node-01", "--", str(fake), "run", "--rm", "img", "nvidia-smi")
+    assert out.returncode == 0, out.stderr
+    [r] = _mine(lab)
+    assert out.stdout.splitlines() == ["run", "--gpus", f'"device={r["cuda_visible_devices"]}"',
+                                       "--label", "org.gpuroster.user=alice", "--rm", "img", "nvidia-smi"]
+    out = lab.cli("run", "--docker", "--for", "1h", "--host", "node-01", "--", PY, "train.py")
+    assert out.returncode == 2 and "docker run" in out.stderr
+
+
+def test_status_names_unattributed_containers_and_unknown_uids(lab, server):
+    from app.services import hosts as host_service
+
+    engine = build_engine(Settings(database_url=server.db_url))
+    token = run_in_transaction(build_session_factory(engine), lambda s: host_service.create_host(s, name="node-02")[1])
+    engine.dispose()
+    dev = gpu("GPU-5555cccc-0000-0000-0000-000000000005", 0)
+    procs = [{"device_uuid": dev["uuid"], "pid": 41001, "uid": 0, "name": "python", "owner_status": "unattributed",
+              "container_id": "f" * 64, "used_memory_mib": 1024.0},
+             {"device_uuid": dev["uuid"], "pid": 20011, "uid": 20001, "name": "python", "owner_status": "uid_only"}]
+    r = httpx.post(server.url + "/api/v1/agent/snapshots", headers={"Authorization": f"Bearer {token}"},
+                   json=snapshot_body("node-02", 1, [dev], procs))
+    assert r.status_code == 200, r.text
+    out = lab.cli("status", "--host", "node-02", token="bob")
+    assert out.returncode == 0, out.stderr
+    assert "[unattributed container]:python(41001)" in out.stdout
+    assert "[uid 20001, unknown to gpuroster]:python(20011)" in out.stdout and "in-use" in out.stdout
 
 
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
