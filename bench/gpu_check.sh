@@ -128,7 +128,7 @@ fi
 if [ -n "$RUNTIME" ] && [ -n "$IMAGE" ]; then
     GPU0_UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 2>/dev/null | head -1 || true)
     CONTAINER_ID=$("$RUNTIME" run -d --gpus "\"device=${GPU0_UUID:-0}\"" --label org.gpuroster.user=checker \
-        --name "gpuroster-check-$$" -v "$WORK:/work:ro" "$IMAGE" python3 /work/cuda_hold.py 120 2> "$OUT_DIR/container.log") \
+        --name "gpuroster-check-$$" -v "$WORK:/job:ro" "$IMAGE" python3 /job/cuda_hold.py 120 2> "$OUT_DIR/container.log") \
         || CONTAINER_ID=""
     for _ in $(seq 1 60); do
         [ -n "$CONTAINER_ID" ] || break
