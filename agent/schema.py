@@ -47,7 +47,10 @@ class DeviceReport(BaseModel):
     name: str | None = Field(default=None, max_length=256)
     pci_bus_id: str | None = Field(default=None, max_length=64)
     memory_total_mib: float | None = Field(default=None, ge=0)
-    memory_used_mib: float | None = Field(default=None, ge=0)
+    memory_used_mib: float | None = Field(default=None, ge=0, description="as nvidia-smi shows it (NVML v2 structure)")
+    memory_reserved_mib: float | None = Field(
+        default=None, ge=0, description="driver-reserved memory, apart from used (NVML v2 structure, drivers >= 510)"
+    )
     utilization_gpu: float | None = Field(default=None, ge=0, le=100, description="%")
     utilization_memory: float | None = Field(default=None, ge=0, le=100, description="%")
     temperature_c: float | None = None
