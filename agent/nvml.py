@@ -159,9 +159,10 @@ class NvmlSource(DeviceReader):
         lib = self._lib
         self._errors = (getattr(lib, "NVMLError", Exception),)
 
-    def _raw(self, name: str, *args: Any) -> Any:
-        """Call ``pynvml.<name>(*args)``; the one place the agent talks to NVML."""
-        fn = getattr(self._lib, name, None)
+    def _raw(self, name: str, *args: Any, fn: Callable[..., Any] | None = None) -> Any:
+        """Call ``pynvml.<name>(*args)`` (or ``fn``, a reader of :mod:`agent.nvml_compat` for a
+        symbol the binding does not wrap); the one place the agent talks to NVML."""
+        fn = fn or getattr(self._lib, name, None)
         if fn is None:
             warn_once(
                 f"nofn:{name}",

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agent.nvml_compat import process_reader
 from agent.nvml_errors import _ERR_FUNCTION_NOT_FOUND, DeviceFault, GpuLost, HostDown, NotAvailable
 from agent.schema import DeviceReport
 from agent.telemetry import RawProcess, bogus_pid, to_str, warn_once
@@ -44,7 +45,9 @@ _THROTTLE_BITS = {
 _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 _MIG_PROFILE = re.compile(r"MIG\s+(\S+)\s*$")
 
-# Process-list entry points, newest first: a 450/470 driver lacks the _v3 symbols.
+# Process-list entry points, newest first: a 450/470 driver lacks the _v3 symbols. The bare
+# symbol (v1 layout) is always called through agent.nvml_compat, since the binding's wrapper
+# of that name calls _v3 (12.535.x) or raises NVMLLibraryMismatchError (13.x).
 PROCESS_LIST_FUNCTIONS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
           "nvmlDeviceGetComputeRunningProcesses"),
@@ -233,8 +236,11 @@ class DeviceReader:
             names = names[names.index(known):]
         missing: NotAvailable | None = None
         for name in names:
+            fn = None
+            if name == PROCESS_LIST_FUNCTIONS[kind][-1] or getattr(self._lib, name, None) is None:
+                fn = process_reader(self._lib, name)
             try:
-                rows = self._raw(name, handle) or []
+                rows = self._raw(name, handle, fn=fn) or []
             except NotAvailable as exc:
                 if exc.code != _ERR_FUNCTION_NOT_FOUND:
                     raise
