@@ -5,7 +5,17 @@ The loop runs on a steady clock (``next += interval``, missed ticks are skipped,
 bunched), posts over one ``httpx.Client``, spools a snapshot it could not deliver and
 replays the spool in seq order once the service answers again. Transient failures (network,
 5xx, 429) back off exponentially with jitter up to 60 s, honouring ``Retry-After``; a
-snapshot the service refuses for good (400, 401, 403, 413, 422) is dropped with a loud log.
+snapshot the service refuses for good (a 4xx other than 404, 408 and 429) goes to the
+dead-letter file with the reason, and the spool moves on.
+
+Time is the service's: every ack carries ``server_time``, from which the agent measures its
+clock's offset (service minus host, at the midpoint of the request); ``collected_at`` and
+the judging of reservations use the host clock plus that offset, and the offset is sent
+with every snapshot (an offset over :data:`CLOCK_WARN_S` is logged).
+
+Each agent process draws a random ``agent_instance`` id and sends it with every snapshot:
+the service's idempotency key is ``(host, agent_instance, seq)``, so an agent whose state
+directory was lost (seq from 0 again) is never taken for a replay of the previous one.
 """
 
 from __future__ import annotations
@@ -19,16 +29,17 @@ import signal
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from agent import __version__
 from agent.client import PostResult, ServiceClient, backoff_delay
-from agent.collect import SnapshotBuilder
+from agent.collect import SnapshotBuilder, fit_body
 from agent.config import DEFAULT_STATE_DIR, AgentSettings, load_settings, read_token
 from agent.schema import Snapshot, SnapshotAck
-from agent.state import AckCache, SeqCounter, Spool
+from agent.state import AckCache, DeadLetters, SeqCounter, Spool
 from agent.telemetry import Source, log, warn_once
 
 # monitoring states in which --once / --print exit non-zero, with the hint to print
@@ -40,6 +51,9 @@ _HINTS = {
     "down": "NVML is not usable; if the message says driver/library mismatch, reboot the host "
     "(the loaded kernel module is older than the installed libraries)",
 }
+
+
+CLOCK_WARN_S = 2.0  # an offset from the service's clock above this is logged and shown for the host
 
 
 def utcnow() -> datetime:
@@ -62,7 +76,9 @@ class Agent:
 
     :param clock: monotonic seconds (scheduling and backoff).
     :param sleep: waits that many seconds (tests advance a fake clock instead).
-    :param now: aware UTC wall time for ``collected_at`` and enforcement.
+    :param now: aware UTC wall time of this host; ``collected_at`` and enforcement use it
+        corrected by the offset measured from the service's acks (:meth:`service_now`).
+    :param max_body_bytes: the service's body limit; a snapshot is trimmed to fit (:func:`fit_body`).
     """
 
     def __init__(
@@ -79,6 +95,7 @@ class Agent:
         spool_max_bytes: int = 1 << 30,
         spool_max_age_s: float = 48 * 3600,
         rng: random.Random | None = None,
+        max_body_bytes: int = 256 * 1024,
     ) -> None:
         self.builder = builder
         self.client = client
@@ -93,6 +110,10 @@ class Agent:
         self.seq = SeqCounter(state_dir / "seq")
         self.spool = Spool(state_dir / "spool", max_bytes=spool_max_bytes, max_age_s=spool_max_age_s)
         self.acks = AckCache(state_dir / "ack.json")
+        self.dead = DeadLetters(state_dir / "dead-letter.jsonl")
+        self.instance = uuid.uuid4().hex
+        self.max_body_bytes = max_body_bytes
+        self.clock_offset_s: float | None = None  # service minus host clock, from the last ack
         self._attempt = 0
         self._retry_at = 0.0
         self._link: str = "ok"
@@ -109,10 +130,30 @@ class Agent:
 
     # -- one poll ---------------------------------------------------------------------------
 
+    def service_now(self) -> datetime:
+        """The service's time as this host best knows it: its clock plus the measured offset."""
+        return self.now() + timedelta(seconds=self.clock_offset_s or 0.0)
+
+    def measure_clock(self, ack: SnapshotAck, local_mid: datetime | None) -> None:
+        """Take the offset (service minus host, seconds) from ``ack.server_time`` and the host
+        time at the middle of the request; a change across :data:`CLOCK_WARN_S` is logged."""
+        if local_mid is None:
+            return
+        offset = (ack.server_time - local_mid).total_seconds()
+        before = self.clock_offset_s
+        self.clock_offset_s = offset
+        if abs(offset) > CLOCK_WARN_S and (before is None or abs(before) <= CLOCK_WARN_S):
+            log.warning("this host's clock is %.1f s %s the service's: judging reservations in service time; "
+                        "fix the host's time sync (chrony/ntpd)", abs(offset), "behind" if offset > 0 else "ahead of")
+        elif abs(offset) <= CLOCK_WARN_S and before is not None and abs(before) > CLOCK_WARN_S:
+            log.warning("this host's clock agrees with the service's again (offset %.1f s)", offset)
+
     def take_snapshot(self) -> Snapshot:
         """Poll, number and judge one snapshot (no I/O to the service)."""
-        at = self.now()
+        at = self.service_now()
         snap = self.builder.build(self.seq.next(), at)
+        snap.agent_instance = self.instance
+        snap.clock_offset_s = round(self.clock_offset_s, 3) if self.clock_offset_s is not None else None
         if self.enforcer is not None:
             try:
                 snap.findings = list(self.enforcer.evaluate(snap, self.acks.ack, at))
@@ -125,14 +166,14 @@ class Agent:
     def tick(self, deadline: float | None = None) -> Snapshot:
         """Take a snapshot, deliver or spool it, and drain the spool until ``deadline``."""
         snap = self.take_snapshot()
-        body = snap.model_dump_json().encode()
+        body = self.encode(snap)
         if self.client is None:
             self.spool.put(snap.seq, body)
         elif len(self.spool) == 0 and self.clock() >= self._retry_at:
-            result = self.client.post(body)
+            result = self._post(body)
             if result.outcome == "retry":
                 self.spool.put(snap.seq, body)
-            self._handle(snap.seq, result)
+            self._handle(snap.seq, result, body)
         else:
             self.spool.put(snap.seq, body)
         self.flush(deadline)
@@ -148,19 +189,39 @@ class Agent:
             if item is None:
                 break
             seq, body = item
-            result = self.client.post(body)
-            self._handle(seq, result)
+            result = self._post(body)
+            self._handle(seq, result, body)
             if result.outcome == "retry":
                 break
             self.spool.remove(seq)
             posted += 1
         return posted
 
-    def _handle(self, seq: int, result: PostResult) -> None:
+    def _post(self, body: bytes) -> PostResult:
+        """POST ``body``; an ack's ``server_time`` sets the clock offset, taken against this
+        host's clock halfway through the request."""
+        assert self.client is not None
+        sent = self.now()
+        result = self.client.post(body)
+        if result.ack is not None:
+            self.measure_clock(result.ack, sent + (self.now() - sent) / 2)
+        return result
+
+    def encode(self, snap: Snapshot) -> bytes:
+        """``snap`` as the body to post, trimmed to :attr:`max_body_bytes` (see :func:`fit_body`)."""
+        body = fit_body(snap, self.max_body_bytes)
+        if snap.trimmed:
+            warn_once("trimmed", "snapshot over the service's body limit (%d bytes): %s", self.max_body_bytes, snap.trimmed)
+        return body
+
+    def _handle(self, seq: int, result: PostResult, body: bytes | None = None) -> None:
         if result.outcome == "ok":
             self.sent += 1
             if result.ack is not None:
                 self.acks.update(result.ack)
+                if result.ack.duplicate and result.ack.conflict:
+                    log.error("service dropped snapshot seq %d as a duplicate of a different snapshot it already has: %s",
+                              seq, result.ack.conflict)
             elif result.detail:
                 warn_once("bad-ack", "service accepted seq %d but its answer is unusable: %s", seq, result.detail)
             if self._link != "ok":
@@ -178,12 +239,15 @@ class Agent:
             self.rejected += 1
             state = f"rejecting ({result.status})"
             hint = " (check the host token file)" if result.status in (401, 403) else ""
+            where = "dropped"
+            if body is not None:
+                where = self.dead.put(seq, result.status, result.detail, body, at=self.now())
             if state != self._link:
-                log.error("service refused snapshot seq %d with %s%s: dropped, not retried: %s",
-                          seq, result.status, hint, (result.detail or "")[:300])
+                log.error("service refused snapshot seq %d with %s%s: %s, not retried: %s",
+                          seq, result.status, hint, where, (result.detail or "")[:300])
                 self._link = state
             else:
-                log.debug("service refused snapshot seq %d with %s: dropped", seq, result.status)
+                log.debug("service refused snapshot seq %d with %s: %s", seq, result.status, where)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -302,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuroster-agent: cannot load the replay input: {exc}", file=sys.stderr)
         return 2
     builder = SnapshotBuilder(source, host=settings.host, interval=settings.interval, resolver=resolver,
-                              pid_namespace_ok=ns_ok, hide_args=settings.hide_args)
+                              pid_namespace_ok=ns_ok, hide_args=settings.hide_args,
+                              max_command_length=settings.max_command_length)
 
     if args.print_:
         snap = builder.build(0, utcnow())
@@ -323,12 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     # Replayed pids belong to another host: enforcement on them only ever says what it would do.
     enforcer = load_enforcer(state_dir / "enforce", settings.dry_run or bool(settings.replay))
     agent = Agent(builder, client, state_dir=state_dir, interval=settings.interval, enforcer=enforcer,
-                  spool_max_bytes=settings.spool_max_mb << 20, spool_max_age_s=settings.spool_max_age_hours * 3600)
+                  spool_max_bytes=settings.spool_max_mb << 20, spool_max_age_s=settings.spool_max_age_hours * 3600,
+                  max_body_bytes=settings.max_body_kb << 10)
 
     if args.once:
         snap = agent.take_snapshot()
-        result = client.post(snap.model_dump_json().encode())
-        agent._handle(snap.seq, result)
+        body = agent.encode(snap)
+        result = agent._post(body)
+        agent._handle(snap.seq, result, body)
         agent.close()
         if result.outcome != "ok":
             print(f"gpuroster-agent: post failed ({result.status or ''} {result.detail or ''})".strip(), file=sys.stderr)
