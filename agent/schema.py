@@ -26,6 +26,11 @@ OwnerStatus = Literal["ok", "exited", "access_denied", "not_visible", "replay", 
 # "no_driver" (no NVIDIA driver on this node: 0 GPUs, not an error); "misconfigured" (NVML
 # library missing where the config says the host has GPUs).
 MonitoringStatus = Literal["ok", "degraded", "down", "no_driver", "misconfigured"]
+# Whether a device's process list agrees with its memory figures: "ok"; "unreliable" (the
+# processes' memory sums beyond the device's used memory: the list cannot be trusted, no
+# findings on it); "unlisted" (memory in use, no process listed); "defunct" (memory held by a
+# zombie process). Nothing is ever signalled on a device that is not "ok".
+ProcessData = Literal["ok", "unreliable", "unlisted", "defunct"]
 FindingKind = Literal["unreserved", "foreign", "overrun", "idle"]
 FindingState = Literal["open", "notified", "terminated", "resolved"]
 Policy = Literal["observe", "notify", "terminate"]
@@ -88,6 +93,12 @@ class DeviceReport(BaseModel):
     error: str | None = Field(default=None, max_length=1024)
     processes_status: Literal["ok", "unavailable", "error"] = "ok"
     processes_error: str | None = Field(default=None, max_length=1024)
+    process_data: ProcessData = "ok"
+    process_data_detail: str | None = Field(default=None, max_length=512)
+    last_owner: str | None = Field(
+        default=None, max_length=64, description="unlisted/defunct: the Unix user whose process was last seen here, "
+        "named only while that process (pid and start time) still exists"
+    )
 
     @field_validator("uuid", "parent_uuid")
     @classmethod
