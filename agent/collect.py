@@ -16,6 +16,7 @@ import os
 from datetime import datetime
 
 from agent import __version__
+from agent.consistency import ProcessDataChecker
 from agent.owners import OwnerResolver
 from agent.schema import MonitoringReport, ProcessReport, Snapshot
 from agent.telemetry import Source, Telemetry
@@ -93,6 +94,7 @@ class SnapshotBuilder:
         pid_namespace_ok: bool | None = None,
         hide_args: bool = False,
         max_command_length: int = 1024,
+        consistency: ProcessDataChecker | None = None,
     ) -> None:
         self.source = source
         self.host = host
@@ -101,6 +103,7 @@ class SnapshotBuilder:
         self.pid_namespace_ok = pid_namespace_ok
         self.hide_args = hide_args
         self.max_command_length = max_command_length
+        self.consistency = consistency or ProcessDataChecker()
 
     def build(self, seq: int, now: datetime) -> Snapshot:
         """Poll the source once and return the snapshot numbered ``seq``, taken at ``now`` (UTC)."""
@@ -119,7 +122,7 @@ class SnapshotBuilder:
         if t.source == "nvml" and ns_ok is False and monitoring.status == "ok":
             monitoring = MonitoringReport(status="degraded", message="cannot attribute processes: run with host PID namespace")
         suspect = list(t.suspect_reasons)
-        return Snapshot(
+        snap = Snapshot(
             host=self.host,
             seq=seq,
             collected_at=now,
@@ -139,6 +142,8 @@ class SnapshotBuilder:
             devices=t.devices,
             processes=processes,
         )
+        self.consistency.check(snap, live=t.source == "nvml")
+        return snap
 
     def _live(self, p) -> ProcessReport:  # noqa: ANN001 - RawProcess
         owner = self.resolver.resolve(p.pid)

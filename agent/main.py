@@ -37,6 +37,7 @@ from typing import Any, Callable
 from agent import __version__
 from agent.client import PostResult, ServiceClient, backoff_delay
 from agent.collect import SnapshotBuilder, fit_body
+from agent.consistency import judged_view
 from agent.config import DEFAULT_STATE_DIR, AgentSettings, load_settings, read_token
 from agent.schema import Snapshot, SnapshotAck
 from agent.state import AckCache, DeadLetters, SeqCounter, Spool
@@ -156,7 +157,10 @@ class Agent:
         snap.clock_offset_s = round(self.clock_offset_s, 3) if self.clock_offset_s is not None else None
         if self.enforcer is not None:
             try:
-                snap.findings = list(self.enforcer.evaluate(snap, self.acks.ack, at))
+                # devices whose process list disagrees with their memory are never judged
+                judged, flagged = judged_view(snap)
+                findings = self.enforcer.evaluate(judged, self.acks.ack, at)
+                snap.findings = [f for f in findings if f.device_uuid not in flagged]
             except Exception as exc:  # noqa: BLE001 - enforcement must never stop reporting
                 warn_once(f"enforce:{type(exc).__name__}", "enforcement failed (%r); snapshot sent without findings", exc,
                           level=logging.ERROR)
