@@ -39,6 +39,7 @@ from app.models import (
 from app.services import device_claims
 from app.services import findings as findings_service
 from app.services import hosts as host_service
+from app.services import occupied
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         host.suspect = snap.suspect
         host.suspect_reasons = snap.suspect_reasons or None
         host.clock_offset_s = snap.clock_offset_s
+        occupied.record_warnings(session, host=host, snap=snap, devices=devices, now=now)
     else:
         host.last_seen_at = now  # the agent is alive: staleness goes by receipt
     _rollup(session, snap, devices, at)
