@@ -206,7 +206,8 @@ class DeviceReader:
 
         v2's ``used`` is what nvidia-smi shows and ``reserved`` is the driver's share apart;
         v1's ``used`` includes the reserved memory. A driver without the ``_v2`` symbol
-        (before 510) is remembered, so v2 is asked once, not on every poll.
+        (before 510) is remembered, so v2 is asked once, not on every poll; a v2 call that
+        fails otherwise falls back to v1 for that reading.
         """
         version = getattr(self._lib, "nvmlMemory_v2", None)
         if version is not None and self._mem_v2 is not False:
@@ -215,12 +216,9 @@ class DeviceReader:
                 self._mem_v2 = True
                 return mem
             except NotAvailable as exc:
-                if exc.code != _ERR_FUNCTION_NOT_FOUND:
-                    return None
-                self._mem_v2 = False
-            except DeviceFault as exc:
-                errs.append(str(exc))
-                return None
+                if exc.code == _ERR_FUNCTION_NOT_FOUND:
+                    self._mem_v2 = False  # the driver predates v2: never ask again
+                # otherwise (e.g. NotSupported on this device) v1 may still answer
         return self._q(errs, "nvmlDeviceGetMemoryInfo", handle)
 
     def _list(self, kind: str, handle: Any) -> list[Any]:

@@ -300,6 +300,11 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         host.clock_trouble, host.clock_trouble_at = trouble[:512], now
         at = now
     snap = device_claims.refuse_foreign_devices(session, host=host, snap=snap, now=now)
+    if trouble is not None and snap.collected_at > now:
+        # finding times from the same clock would outrank every later report of the finding
+        snap = snap.model_copy(update={"findings": [
+            f.model_copy(update={"first_seen": min(f.first_seen, now), "last_seen": min(f.last_seen, now)})
+            for f in snap.findings]})
     devices = _upsert_devices(session, host, snap, now)
     # Latest by collection time, not seq: a spooled backlog replays older snapshots after newer ones may
     # have been posted, and an agent whose state was wiped restarts its seq.

@@ -227,3 +227,23 @@ def test_d3_thirty_processes_with_4kb_command_lines_are_taken(client, make_host,
     assert r.status_code == 200, r.text
     dev = client.get("/api/v1/devices", headers=admin.headers).json()[0]
     assert len(dev["processes"]) == 30  # command lines cut, every process kept
+
+
+def test_d4_findings_of_a_future_dated_snapshot_do_not_outrank_later_reports(client, make_host, make_user):
+    admin = make_user("boss", admin=True)
+    host = _host(client, make_host, "node-01", GA)
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+
+    def finding(at: datetime, state: str) -> dict:
+        return {"key": f"{GA}:4242:1:unreserved", "kind": "unreserved", "device_uuid": GA, "pid": 4242, "unix_user": "alice",
+                "first_seen": at.isoformat(), "last_seen": at.isoformat(), "state": state}
+
+    r = client.post(POST, json=snapshot_body("node-01", 2, [gpu(GA, 0)], collected_at=ahead,
+                                             findings=[finding(ahead, "open")]), headers=host.headers)
+    assert r.status_code == 200
+    now = datetime.now(UTC)
+    r = client.post(POST, json=snapshot_body("node-01", 3, [gpu(GA, 0)], collected_at=now,
+                                             findings=[finding(now, "notified")]), headers=host.headers)
+    assert r.status_code == 200
+    (f,) = client.get("/api/v1/findings", headers=admin.headers).json()["items"]
+    assert f["state"] == "notified"
