@@ -11,7 +11,7 @@ dead-letter file with the reason, and the spool moves on.
 Time is the service's: every ack carries ``server_time``, from which the agent measures its
 clock's offset (service minus host, at the midpoint of the request); ``collected_at`` and
 the judging of reservations use the host clock plus that offset, and the offset is sent
-with every snapshot (an offset over :data:`CLOCK_WARN_S` is logged).
+with every snapshot (:mod:`agent.clock`).
 
 Each agent process draws a random ``agent_instance`` id and sends it with every snapshot:
 the service's idempotency key is ``(host, agent_instance, seq)``, so an agent whose state
@@ -20,7 +20,6 @@ directory was lost (seq from 0 again) is never taken for a replay of the previou
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -30,12 +29,14 @@ import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from agent import __version__
 from agent.client import PostResult, ServiceClient, backoff_delay
+from agent.args import exit_for_monitoring, parse_args
+from agent.clock import ServiceClock
 from agent.collect import SnapshotBuilder, fit_body
 from agent.consistency import judged_view
 from agent.config import DEFAULT_STATE_DIR, AgentSettings, load_settings, read_token
@@ -43,18 +44,7 @@ from agent.schema import Snapshot, SnapshotAck
 from agent.state import AckCache, DeadLetters, SeqCounter, Spool
 from agent.telemetry import Source, log, warn_once
 
-# monitoring states in which --once / --print exit non-zero, with the hint to print
-_HINTS = {
-    "no_driver": "no NVIDIA driver on this host (no /proc/driver/nvidia): nothing to monitor; "
-    "use --replay FILE to run on captures",
-    "misconfigured": "NVML (libnvidia-ml.so.1) could not be loaded: install the NVIDIA driver's user-space "
-    "libraries (or the nvidia-ml-py binding), or unset expect_gpus",
-    "down": "NVML is not usable; if the message says driver/library mismatch, reboot the host "
-    "(the loaded kernel module is older than the installed libraries)",
-}
 
-
-CLOCK_WARN_S = 2.0  # an offset from the service's clock above this is logged and shown for the host
 
 
 def utcnow() -> datetime:
@@ -114,7 +104,7 @@ class Agent:
         self.dead = DeadLetters(state_dir / "dead-letter.jsonl")
         self.instance = uuid.uuid4().hex
         self.max_body_bytes = max_body_bytes
-        self.clock_offset_s: float | None = None  # service minus host clock, from the last ack
+        self.service_clock = ServiceClock(now)
         self._attempt = 0
         self._retry_at = 0.0
         self._link: str = "ok"
@@ -131,23 +121,14 @@ class Agent:
 
     # -- one poll ---------------------------------------------------------------------------
 
-    def service_now(self) -> datetime:
-        """The service's time as this host best knows it: its clock plus the measured offset."""
-        return self.now() + timedelta(seconds=self.clock_offset_s or 0.0)
+    @property
+    def clock_offset_s(self) -> float | None:
+        """Service minus host clock in seconds, from the last ack (``None`` before the first)."""
+        return self.service_clock.offset_s
 
-    def measure_clock(self, ack: SnapshotAck, local_mid: datetime | None) -> None:
-        """Take the offset (service minus host, seconds) from ``ack.server_time`` and the host
-        time at the middle of the request; a change across :data:`CLOCK_WARN_S` is logged."""
-        if local_mid is None:
-            return
-        offset = (ack.server_time - local_mid).total_seconds()
-        before = self.clock_offset_s
-        self.clock_offset_s = offset
-        if abs(offset) > CLOCK_WARN_S and (before is None or abs(before) <= CLOCK_WARN_S):
-            log.warning("this host's clock is %.1f s %s the service's: judging reservations in service time; "
-                        "fix the host's time sync (chrony/ntpd)", abs(offset), "behind" if offset > 0 else "ahead of")
-        elif abs(offset) <= CLOCK_WARN_S and before is not None and abs(before) > CLOCK_WARN_S:
-            log.warning("this host's clock agrees with the service's again (offset %.1f s)", offset)
+    def service_now(self) -> datetime:
+        """The service's time as this host best knows it (see :mod:`agent.clock`)."""
+        return self.service_clock.now()
 
     def take_snapshot(self) -> Snapshot:
         """Poll, number and judge one snapshot (no I/O to the service)."""
@@ -208,7 +189,7 @@ class Agent:
         sent = self.now()
         result = self.client.post(body)
         if result.ack is not None:
-            self.measure_clock(result.ack, sent + (self.now() - sent) / 2)
+            self.service_clock.measure(result.ack.server_time, sent + (self.now() - sent) / 2)
         return result
 
     def encode(self, snap: Snapshot) -> bytes:
@@ -316,37 +297,6 @@ def _state_dir(settings: AgentSettings, explicit: bool) -> Path:
     return fallback
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    # allow_abbrev=False: "--token SECRET" must fail, not be read as "--token-file SECRET"
-    p = argparse.ArgumentParser(prog="gpuroster-agent", description="gpuroster host agent: report GPU use to the service",
-                                allow_abbrev=False)
-    p.add_argument("--config", type=Path, help="TOML file (default /etc/gpuroster/agent.toml)")
-    p.add_argument("--server", help="service base URL")
-    p.add_argument("--token-file", type=Path, help="file holding the host token (never pass the token itself)")
-    p.add_argument("--host", help="host name to report (default: this machine's)")
-    p.add_argument("--interval", type=float, help="seconds between polls (default 5)")
-    p.add_argument("--state-dir", type=Path, help="spool, seq counter and ack cache (default /var/lib/gpuroster-agent)")
-    p.add_argument("--hide-args", action="store_true", default=None, help="report executables without arguments")
-    p.add_argument("--expect-gpus", action="store_true", default=None, help="treat a missing NVML as a misconfiguration")
-    p.add_argument("--replay", type=Path, nargs="+", metavar="FILE", help="replay nvidia-smi -q -x captures instead of NVML")
-    p.add_argument("--replay-owners", type=Path, metavar="MAP.json", help="pid -> owner map for replayed processes")
-    p.add_argument("--dry-run", action="store_true", default=None, help="enforcement only logs what it would do")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--once", action="store_true", help="poll once, post, exit (non-zero if the post failed)")
-    mode.add_argument("--print", dest="print_", action="store_true", help="print one snapshot as JSON, post nothing")
-    p.add_argument("--version", action="version", version=f"gpuroster-agent {__version__}")
-    return p.parse_args(argv)
-
-
-def _exit_for_monitoring(snap: Snapshot) -> int:
-    hint = _HINTS.get(snap.monitoring.status)
-    if hint is None:
-        return 0
-    print(f"gpuroster-agent: {snap.monitoring.message}\nhint: {hint}", file=sys.stderr)
-    return 3
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``gpuroster-agent``; returns the exit status."""
     args = parse_args(argv)
@@ -377,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         snap = builder.build(0, utcnow())
         source.close()
         print(snap.model_dump_json(indent=2))
-        return _exit_for_monitoring(snap)
+        return exit_for_monitoring(snap)
 
     if not settings.server or not settings.token_file:
         print("gpuroster-agent: --server and --token-file (or their config/env equivalents) are required", file=sys.stderr)
@@ -406,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"posted snapshot seq {snap.seq}: {len(snap.devices)} device(s), {len(snap.processes)} process(es), "
               f"{len(snap.findings)} finding(s)")
-        return _exit_for_monitoring(snap)
+        return exit_for_monitoring(snap)
 
     def _stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)

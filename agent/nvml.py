@@ -31,7 +31,6 @@ from agent.nvml_device import DeviceReader, _cuda_version, _lost_device_uuids
 from agent.nvml_errors import (
     _ERR_FUNCTION_NOT_FOUND,
     _ERR_GPU_IS_LOST,
-    _ERR_UNINITIALIZED,
     _HOST_CODES,
     _NA_CODES,
     KNOWN_BAD_BINDINGS,
