@@ -4,7 +4,8 @@
 Outcomes: ``ok`` (200, a :class:`~agent.schema.SnapshotAck`, also for a duplicate seq),
 ``retry`` (connection errors, timeouts, 5xx, 429 with its ``Retry-After``) and ``reject``
 (400, 401, 403, 413, 422 and other 4xx but 404/408: that snapshot will never be
-accepted; drop it).
+accepted; it goes to the dead-letter file). A duplicate ack with ``conflict`` set means the
+seq was used before by another snapshot: logged as an error by the loop.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 Live processes are resolved with :class:`~agent.owners.OwnerResolver`; replayed ones only
 through the replay owners map (a replayed pid belongs to another host, so looking it up
 here would attribute it to a stranger).
+
+What is sent is bounded: command lines are cut to ``max_command_length`` characters (an
+ellipsis marks the cut), and :func:`fit_body` trims a snapshot that would still exceed the
+service's body limit, saying what it cut in ``Snapshot.trimmed``, instead of sending a body
+the service must refuse (413) on every poll.
 """
 
 from __future__ import annotations
@@ -11,9 +16,65 @@ import os
 from datetime import datetime
 
 from agent import __version__
+from agent.consistency import ProcessDataChecker
 from agent.owners import OwnerResolver
 from agent.schema import MonitoringReport, ProcessReport, Snapshot
 from agent.telemetry import Source, Telemetry
+
+
+ELLIPSIS = "\u2026"
+TRIM_COMMAND = 128  # characters kept per command line when a snapshot must shrink
+
+
+def cut(text: str | None, limit: int) -> str | None:
+    """``text`` cut to at most ``limit`` characters, the cut marked with an ellipsis."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: max(0, limit - 1)] + ELLIPSIS
+
+
+def fit_body(snap: Snapshot, max_bytes: int) -> bytes:
+    """``snap`` serialized within ``max_bytes``, trimming process detail in steps until it fits.
+
+    Steps, each only if still needed: command lines of processes and findings cut to
+    :data:`TRIM_COMMAND` characters; process command lines dropped; processes that no
+    finding names dropped, smallest memory first (the device telemetry and every finding
+    stay). ``snap.trimmed`` records what was done; ``snap`` is changed in place.
+    """
+    body = snap.model_dump_json().encode()
+    if len(body) <= max_bytes:
+        return body
+    done: list[str] = []
+    for p in snap.processes:
+        p.command = cut(p.command, TRIM_COMMAND)
+    for f in snap.findings:
+        f.command = cut(f.command, TRIM_COMMAND)
+    done.append(f"command lines cut to {TRIM_COMMAND} characters")
+    snap.trimmed = "; ".join(done)
+    body = snap.model_dump_json().encode()
+    if len(body) <= max_bytes:
+        return body
+    for p in snap.processes:
+        p.command = None
+    done.append("process command lines dropped")
+    snap.trimmed = "; ".join(done)
+    body = snap.model_dump_json().encode()
+    if len(body) <= max_bytes:
+        return body
+    named = {(f.device_uuid, f.pid) for f in snap.findings}
+    droppable = sorted((p for p in snap.processes if (p.device_uuid, p.pid) not in named),
+                       key=lambda p: p.used_memory_mib or 0.0)
+    # each process row costs about the same: drop enough of them in one go, then check
+    per_row = max(1, len(body) // max(1, len(snap.processes) + len(snap.devices) + len(snap.findings)))
+    excess = len(body) - max_bytes
+    drop = {id(p) for p in droppable[: excess // per_row + 1]}
+    while True:
+        snap.processes = [p for p in snap.processes if id(p) not in drop]
+        snap.trimmed = "; ".join(done + [f"{len(drop)} process row(s) without a finding dropped"])
+        body = snap.model_dump_json().encode()
+        if len(body) <= max_bytes or len(drop) >= len(droppable):
+            return body
+        drop |= {id(p) for p in droppable[len(drop): len(drop) + max(1, len(drop))]}
 
 
 class SnapshotBuilder:
@@ -32,6 +93,8 @@ class SnapshotBuilder:
         resolver: OwnerResolver | None = None,
         pid_namespace_ok: bool | None = None,
         hide_args: bool = False,
+        max_command_length: int = 1024,
+        consistency: ProcessDataChecker | None = None,
     ) -> None:
         self.source = source
         self.host = host
@@ -39,6 +102,8 @@ class SnapshotBuilder:
         self.resolver = resolver or OwnerResolver(hide_args=hide_args, host_pid_ns=pid_namespace_ok)
         self.pid_namespace_ok = pid_namespace_ok
         self.hide_args = hide_args
+        self.max_command_length = max_command_length
+        self.consistency = consistency or ProcessDataChecker()
 
     def build(self, seq: int, now: datetime) -> Snapshot:
         """Poll the source once and return the snapshot numbered ``seq``, taken at ``now`` (UTC)."""
@@ -57,7 +122,7 @@ class SnapshotBuilder:
         if t.source == "nvml" and ns_ok is False and monitoring.status == "ok":
             monitoring = MonitoringReport(status="degraded", message="cannot attribute processes: run with host PID namespace")
         suspect = list(t.suspect_reasons)
-        return Snapshot(
+        snap = Snapshot(
             host=self.host,
             seq=seq,
             collected_at=now,
@@ -77,6 +142,8 @@ class SnapshotBuilder:
             devices=t.devices,
             processes=processes,
         )
+        self.consistency.check(snap, live=t.source == "nvml")
+        return snap
 
     def _live(self, p) -> ProcessReport:  # noqa: ANN001 - RawProcess
         owner = self.resolver.resolve(p.pid)
@@ -88,7 +155,7 @@ class SnapshotBuilder:
             used_memory_mib=p.used_memory_mib,
             uid=owner.uid if attributed else None,
             unix_user=owner.user if attributed else None,
-            command=owner.command if attributed else None,
+            command=cut(owner.command, self.max_command_length) if attributed else None,
             name=owner.name if attributed else None,
             create_time=owner.create_time,
             identity=owner.identity,
@@ -113,7 +180,7 @@ class SnapshotBuilder:
             used_memory_mib=p.used_memory_mib,
             uid=entry.get("uid") if entry else None,
             unix_user=(entry.get("user") or None) if entry else None,
-            command=command[:4096] if command else None,
+            command=cut(command, self.max_command_length),
             name=name[:256] or "(unnamed)",
             container_id=entry.get("container_id") if entry else None,
             owner_status="replay" if entry else "unknown",

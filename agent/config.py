@@ -32,6 +32,8 @@ class AgentSettings(BaseSettings):
     interval: float = Field(default=5.0, gt=0, le=3600, description="seconds between polls")
     state_dir: Path = Field(default=DEFAULT_STATE_DIR, description="spool, seq counter, ack cache")
     hide_args: bool = Field(default=False, description="report executables without their arguments")
+    max_command_length: int = Field(default=1024, ge=16, le=4096, description="command lines are cut to this many characters")
+    max_body_kb: int = Field(default=256, ge=16, description="the service's body limit in KiB: snapshots are trimmed to fit")
     expect_gpus: bool = Field(default=False, description="a missing NVML library is a misconfiguration")
     replay: list[Path] = Field(default_factory=list, description="nvidia-smi -q -x captures to replay instead of NVML")
     replay_owners: Path | None = Field(default=None, description="JSON map pid -> owner for replayed processes")

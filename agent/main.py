@@ -5,12 +5,21 @@ The loop runs on a steady clock (``next += interval``, missed ticks are skipped,
 bunched), posts over one ``httpx.Client``, spools a snapshot it could not deliver and
 replays the spool in seq order once the service answers again. Transient failures (network,
 5xx, 429) back off exponentially with jitter up to 60 s, honouring ``Retry-After``; a
-snapshot the service refuses for good (400, 401, 403, 413, 422) is dropped with a loud log.
+snapshot the service refuses for good (a 4xx other than 404, 408 and 429) goes to the
+dead-letter file with the reason, and the spool moves on.
+
+Time is the service's: every ack carries ``server_time``, from which the agent measures its
+clock's offset (service minus host, at the midpoint of the request); ``collected_at`` and
+the judging of reservations use the host clock plus that offset, and the offset is sent
+with every snapshot (:mod:`agent.clock`).
+
+Each agent process draws a random ``agent_instance`` id and sends it with every snapshot:
+the service's idempotency key is ``(host, agent_instance, seq)``, so an agent whose state
+directory was lost (seq from 0 again) is never taken for a replay of the previous one.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -19,27 +28,23 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from agent import __version__
 from agent.client import PostResult, ServiceClient, backoff_delay
-from agent.collect import SnapshotBuilder
+from agent.args import exit_for_monitoring, parse_args
+from agent.clock import ServiceClock
+from agent.collect import SnapshotBuilder, fit_body
+from agent.consistency import judged_view
 from agent.config import DEFAULT_STATE_DIR, AgentSettings, load_settings, read_token
 from agent.schema import Snapshot, SnapshotAck
-from agent.state import AckCache, SeqCounter, Spool
+from agent.state import AckCache, DeadLetters, SeqCounter, Spool
 from agent.telemetry import Source, log, warn_once
 
-# monitoring states in which --once / --print exit non-zero, with the hint to print
-_HINTS = {
-    "no_driver": "no NVIDIA driver on this host (no /proc/driver/nvidia): nothing to monitor; "
-    "use --replay FILE to run on captures",
-    "misconfigured": "NVML (libnvidia-ml.so.1) could not be loaded: install the NVIDIA driver's user-space "
-    "libraries (or the nvidia-ml-py binding), or unset expect_gpus",
-    "down": "NVML is not usable; if the message says driver/library mismatch, reboot the host "
-    "(the loaded kernel module is older than the installed libraries)",
-}
+
 
 
 def utcnow() -> datetime:
@@ -62,7 +67,9 @@ class Agent:
 
     :param clock: monotonic seconds (scheduling and backoff).
     :param sleep: waits that many seconds (tests advance a fake clock instead).
-    :param now: aware UTC wall time for ``collected_at`` and enforcement.
+    :param now: aware UTC wall time of this host; ``collected_at`` and enforcement use it
+        corrected by the offset measured from the service's acks (:meth:`service_now`).
+    :param max_body_bytes: the service's body limit; a snapshot is trimmed to fit (:func:`fit_body`).
     """
 
     def __init__(
@@ -79,6 +86,7 @@ class Agent:
         spool_max_bytes: int = 1 << 30,
         spool_max_age_s: float = 48 * 3600,
         rng: random.Random | None = None,
+        max_body_bytes: int = 256 * 1024,
     ) -> None:
         self.builder = builder
         self.client = client
@@ -93,6 +101,10 @@ class Agent:
         self.seq = SeqCounter(state_dir / "seq")
         self.spool = Spool(state_dir / "spool", max_bytes=spool_max_bytes, max_age_s=spool_max_age_s)
         self.acks = AckCache(state_dir / "ack.json")
+        self.dead = DeadLetters(state_dir / "dead-letter.jsonl")
+        self.instance = uuid.uuid4().hex
+        self.max_body_bytes = max_body_bytes
+        self.service_clock = ServiceClock(now)
         self._attempt = 0
         self._retry_at = 0.0
         self._link: str = "ok"
@@ -109,13 +121,27 @@ class Agent:
 
     # -- one poll ---------------------------------------------------------------------------
 
+    @property
+    def clock_offset_s(self) -> float | None:
+        """Service minus host clock in seconds, from the last ack (``None`` before the first)."""
+        return self.service_clock.offset_s
+
+    def service_now(self) -> datetime:
+        """The service's time as this host best knows it (see :mod:`agent.clock`)."""
+        return self.service_clock.now()
+
     def take_snapshot(self) -> Snapshot:
         """Poll, number and judge one snapshot (no I/O to the service)."""
-        at = self.now()
+        at = self.service_now()
         snap = self.builder.build(self.seq.next(), at)
+        snap.agent_instance = self.instance
+        snap.clock_offset_s = round(self.clock_offset_s, 3) if self.clock_offset_s is not None else None
         if self.enforcer is not None:
             try:
-                snap.findings = list(self.enforcer.evaluate(snap, self.acks.ack, at))
+                # devices whose process list disagrees with their memory are never judged
+                judged, flagged = judged_view(snap)
+                findings = self.enforcer.evaluate(judged, self.acks.ack, at)
+                snap.findings = [f for f in findings if f.device_uuid not in flagged]
             except Exception as exc:  # noqa: BLE001 - enforcement must never stop reporting
                 warn_once(f"enforce:{type(exc).__name__}", "enforcement failed (%r); snapshot sent without findings", exc,
                           level=logging.ERROR)
@@ -125,14 +151,14 @@ class Agent:
     def tick(self, deadline: float | None = None) -> Snapshot:
         """Take a snapshot, deliver or spool it, and drain the spool until ``deadline``."""
         snap = self.take_snapshot()
-        body = snap.model_dump_json().encode()
+        body = self.encode(snap)
         if self.client is None:
             self.spool.put(snap.seq, body)
         elif len(self.spool) == 0 and self.clock() >= self._retry_at:
-            result = self.client.post(body)
+            result = self._post(body)
             if result.outcome == "retry":
                 self.spool.put(snap.seq, body)
-            self._handle(snap.seq, result)
+            self._handle(snap.seq, result, body)
         else:
             self.spool.put(snap.seq, body)
         self.flush(deadline)
@@ -148,19 +174,39 @@ class Agent:
             if item is None:
                 break
             seq, body = item
-            result = self.client.post(body)
-            self._handle(seq, result)
+            result = self._post(body)
+            self._handle(seq, result, body)
             if result.outcome == "retry":
                 break
             self.spool.remove(seq)
             posted += 1
         return posted
 
-    def _handle(self, seq: int, result: PostResult) -> None:
+    def _post(self, body: bytes) -> PostResult:
+        """POST ``body``; an ack's ``server_time`` sets the clock offset, taken against this
+        host's clock halfway through the request."""
+        assert self.client is not None
+        sent = self.now()
+        result = self.client.post(body)
+        if result.ack is not None:
+            self.service_clock.measure(result.ack.server_time, sent + (self.now() - sent) / 2)
+        return result
+
+    def encode(self, snap: Snapshot) -> bytes:
+        """``snap`` as the body to post, trimmed to :attr:`max_body_bytes` (see :func:`fit_body`)."""
+        body = fit_body(snap, self.max_body_bytes)
+        if snap.trimmed:
+            warn_once("trimmed", "snapshot over the service's body limit (%d bytes): %s", self.max_body_bytes, snap.trimmed)
+        return body
+
+    def _handle(self, seq: int, result: PostResult, body: bytes | None = None) -> None:
         if result.outcome == "ok":
             self.sent += 1
             if result.ack is not None:
                 self.acks.update(result.ack)
+                if result.ack.duplicate and result.ack.conflict:
+                    log.error("service dropped snapshot seq %d as a duplicate of a different snapshot it already has: %s",
+                              seq, result.ack.conflict)
             elif result.detail:
                 warn_once("bad-ack", "service accepted seq %d but its answer is unusable: %s", seq, result.detail)
             if self._link != "ok":
@@ -178,12 +224,15 @@ class Agent:
             self.rejected += 1
             state = f"rejecting ({result.status})"
             hint = " (check the host token file)" if result.status in (401, 403) else ""
+            where = "dropped"
+            if body is not None:
+                where = self.dead.put(seq, result.status, result.detail, body, at=self.now())
             if state != self._link:
-                log.error("service refused snapshot seq %d with %s%s: dropped, not retried: %s",
-                          seq, result.status, hint, (result.detail or "")[:300])
+                log.error("service refused snapshot seq %d with %s%s: %s, not retried: %s",
+                          seq, result.status, hint, where, (result.detail or "")[:300])
                 self._link = state
             else:
-                log.debug("service refused snapshot seq %d with %s: dropped", seq, result.status)
+                log.debug("service refused snapshot seq %d with %s: %s", seq, result.status, where)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -255,37 +304,6 @@ def _state_dir(settings: AgentSettings, explicit: bool) -> Path:
     return fallback
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    # allow_abbrev=False: "--token SECRET" must fail, not be read as "--token-file SECRET"
-    p = argparse.ArgumentParser(prog="gpuroster-agent", description="gpuroster host agent: report GPU use to the service",
-                                allow_abbrev=False)
-    p.add_argument("--config", type=Path, help="TOML file (default /etc/gpuroster/agent.toml)")
-    p.add_argument("--server", help="service base URL")
-    p.add_argument("--token-file", type=Path, help="file holding the host token (never pass the token itself)")
-    p.add_argument("--host", help="host name to report (default: this machine's)")
-    p.add_argument("--interval", type=float, help="seconds between polls (default 5)")
-    p.add_argument("--state-dir", type=Path, help="spool, seq counter and ack cache (default /var/lib/gpuroster-agent)")
-    p.add_argument("--hide-args", action="store_true", default=None, help="report executables without arguments")
-    p.add_argument("--expect-gpus", action="store_true", default=None, help="treat a missing NVML as a misconfiguration")
-    p.add_argument("--replay", type=Path, nargs="+", metavar="FILE", help="replay nvidia-smi -q -x captures instead of NVML")
-    p.add_argument("--replay-owners", type=Path, metavar="MAP.json", help="pid -> owner map for replayed processes")
-    p.add_argument("--dry-run", action="store_true", default=None, help="enforcement only logs what it would do")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--once", action="store_true", help="poll once, post, exit (non-zero if the post failed)")
-    mode.add_argument("--print", dest="print_", action="store_true", help="print one snapshot as JSON, post nothing")
-    p.add_argument("--version", action="version", version=f"gpuroster-agent {__version__}")
-    return p.parse_args(argv)
-
-
-def _exit_for_monitoring(snap: Snapshot) -> int:
-    hint = _HINTS.get(snap.monitoring.status)
-    if hint is None:
-        return 0
-    print(f"gpuroster-agent: {snap.monitoring.message}\nhint: {hint}", file=sys.stderr)
-    return 3
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``gpuroster-agent``; returns the exit status."""
     args = parse_args(argv)
@@ -309,13 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuroster-agent: cannot load the replay input: {exc}", file=sys.stderr)
         return 2
     builder = SnapshotBuilder(source, host=settings.host, interval=settings.interval, resolver=resolver,
-                              pid_namespace_ok=ns_ok, hide_args=settings.hide_args)
+                              pid_namespace_ok=ns_ok, hide_args=settings.hide_args,
+                              max_command_length=settings.max_command_length)
 
     if args.print_:
         snap = builder.build(0, utcnow())
         source.close()
         print(snap.model_dump_json(indent=2))
-        return _exit_for_monitoring(snap)
+        return exit_for_monitoring(snap)
 
     if not settings.server or not settings.token_file:
         print("gpuroster-agent: --server and --token-file (or their config/env equivalents) are required", file=sys.stderr)
@@ -330,19 +349,21 @@ def main(argv: list[str] | None = None) -> int:
     # Replayed pids belong to another host: enforcement on them only ever says what it would do.
     enforcer = load_enforcer(state_dir / "enforce", settings.dry_run or bool(settings.replay))
     agent = Agent(builder, client, state_dir=state_dir, interval=settings.interval, enforcer=enforcer,
-                  spool_max_bytes=settings.spool_max_mb << 20, spool_max_age_s=settings.spool_max_age_hours * 3600)
+                  spool_max_bytes=settings.spool_max_mb << 20, spool_max_age_s=settings.spool_max_age_hours * 3600,
+                  max_body_bytes=settings.max_body_kb << 10)
 
     if args.once:
         snap = agent.take_snapshot()
-        result = client.post(snap.model_dump_json().encode())
-        agent._handle(snap.seq, result)
+        body = agent.encode(snap)
+        result = agent._post(body)
+        agent._handle(snap.seq, result, body)
         agent.close()
         if result.outcome != "ok":
             print(f"gpuroster-agent: post failed ({result.status or ''} {result.detail or ''})".strip(), file=sys.stderr)
             return 1
         print(f"posted snapshot seq {snap.seq}: {len(snap.devices)} device(s), {len(snap.processes)} process(es), "
               f"{len(snap.findings)} finding(s)")
-        return _exit_for_monitoring(snap)
+        return exit_for_monitoring(snap)
 
     def _stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)

@@ -10,10 +10,10 @@ timezone-aware UTC datetimes, ``create_time`` in seconds since the epoch (psutil
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Literal
+from datetime import datetime, timezone
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 ProcessType = Literal["C", "G", "C+G"]
 DeviceHealth = Literal["ok", "lost", "error"]
@@ -29,6 +29,11 @@ OwnerStatus = Literal["ok", "exited", "access_denied", "not_visible", "replay", 
 # "no_driver" (no NVIDIA driver on this node: 0 GPUs, not an error); "misconfigured" (NVML
 # library missing where the config says the host has GPUs).
 MonitoringStatus = Literal["ok", "degraded", "down", "no_driver", "misconfigured"]
+# Whether a device's process list agrees with its memory figures: "ok"; "unreliable" (the
+# processes' memory sums beyond the device's used memory: the list cannot be trusted, no
+# findings on it); "unlisted" (memory in use, no process listed); "defunct" (memory held by a
+# zombie process). Nothing is ever signalled on a device that is not "ok".
+ProcessData = Literal["ok", "unreliable", "unlisted", "defunct"]
 # "unattributed": a container process whose owner cannot be found; "unknown_uid": a host
 # process whose uid has no name on the host and no gpuroster user. Both go to admins and are
 # never signalled: nobody can tell whose job it is.
@@ -37,6 +42,21 @@ FindingState = Literal["open", "notified", "terminated", "resolved"]
 Policy = Literal["observe", "notify", "terminate"]
 
 _STRICT = ConfigDict(extra="forbid")
+
+
+def _utc(v: datetime) -> datetime:
+    """An aware datetime in UTC; naive ones and ones that cannot be expressed in UTC refused."""
+    if v.tzinfo is None or v.utcoffset() is None:
+        raise ValueError("needs a timezone offset (UTC expected)")
+    try:
+        return v.astimezone(timezone.utc)
+    except (OverflowError, ValueError):
+        raise ValueError("out of range: not a time that exists in UTC") from None
+
+
+# Every time the agent sends: timezone-aware, normalised to UTC (a naive or out-of-range
+# time is a 422 naming the field, never a 500 further down).
+UtcDatetime = Annotated[datetime, AfterValidator(_utc)]
 
 
 class DeviceReport(BaseModel):
@@ -53,7 +73,10 @@ class DeviceReport(BaseModel):
     name: str | None = Field(default=None, max_length=256)
     pci_bus_id: str | None = Field(default=None, max_length=64)
     memory_total_mib: float | None = Field(default=None, ge=0)
-    memory_used_mib: float | None = Field(default=None, ge=0)
+    memory_used_mib: float | None = Field(default=None, ge=0, description="as nvidia-smi shows it (NVML v2 structure)")
+    memory_reserved_mib: float | None = Field(
+        default=None, ge=0, description="driver-reserved memory, apart from used (NVML v2 structure, drivers >= 510)"
+    )
     utilization_gpu: float | None = Field(default=None, ge=0, le=100, description="%")
     utilization_memory: float | None = Field(default=None, ge=0, le=100, description="%")
     temperature_c: float | None = None
@@ -76,6 +99,12 @@ class DeviceReport(BaseModel):
     error: str | None = Field(default=None, max_length=1024)
     processes_status: Literal["ok", "unavailable", "error"] = "ok"
     processes_error: str | None = Field(default=None, max_length=1024)
+    process_data: ProcessData = "ok"
+    process_data_detail: str | None = Field(default=None, max_length=512)
+    last_owner: str | None = Field(
+        default=None, max_length=64, description="unlisted/defunct: the Unix user whose process was last seen here, "
+        "named only while that process (pid and start time) still exists"
+    )
 
     @field_validator("uuid", "parent_uuid")
     @classmethod
@@ -120,7 +149,7 @@ class NoticeReport(BaseModel):
 
     channel: Literal["terminal"] = "terminal"
     recipient: str = Field(max_length=64)
-    at: datetime
+    at: UtcDatetime
     delivered: int = Field(default=0, ge=0, description="number of terminals written")
     detail: str | None = Field(default=None, max_length=2048)
 
@@ -133,7 +162,7 @@ class ActionReport(BaseModel):
     action: Literal["sigterm", "sigkill", "skipped", "dry_run"]
     pid: int = Field(gt=0)
     create_time: float | None = None
-    at: datetime
+    at: UtcDatetime
     reason: str = Field(max_length=1024)
 
 
@@ -156,8 +185,8 @@ class FindingReport(BaseModel):
     container_image: str | None = Field(default=None, max_length=512)
     reservation_id: int | None = Field(default=None, description="the reservation the process conflicts with or overran")
     holder: str | None = Field(default=None, max_length=64, description="unix_name of the rightful holder, if any")
-    first_seen: datetime
-    last_seen: datetime
+    first_seen: UtcDatetime
+    last_seen: UtcDatetime
     state: FindingState = "open"
     message: str | None = Field(default=None, max_length=2048)
     notices: list[NoticeReport] = Field(default_factory=list)
@@ -174,15 +203,27 @@ class MonitoringReport(BaseModel):
 class Snapshot(BaseModel):
     """One poll of a host: telemetry per device, usage per process, and findings.
 
-    ``seq`` is monotonic per host across agent restarts; the service ingests idempotently by
-    ``(host, seq)``.
+    ``seq`` rises within one agent process (``agent_instance``, a random id drawn at every
+    start); the service ingests idempotently by ``(host, agent_instance, seq)``, so a restart
+    with a wiped state directory, which numbers from 0 again, never collides with what the
+    previous agent sent. ``collected_at`` is in service time (the agent's clock corrected by
+    ``clock_offset_s``).
     """
 
     model_config = _STRICT
 
     host: str = Field(min_length=1, max_length=128)
-    seq: int = Field(ge=0)
-    collected_at: datetime
+    seq: int = Field(ge=0, lt=2**63)
+    agent_instance: str | None = Field(
+        default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="random id of the agent process that numbered seq; (host, agent_instance, seq) is the idempotency key",
+    )
+    collected_at: UtcDatetime
+    clock_offset_s: float | None = Field(
+        default=None, ge=-1e9, le=1e9,
+        description="service time minus the agent host's clock, seconds, measured from the last ack's server_time",
+    )
+    trimmed: str | None = Field(default=None, max_length=512, description="what the agent cut to stay under the body limit")
     agent_version: str | None = Field(default=None, max_length=64)
     source: Literal["nvml", "replay"] = "nvml"
     replay_of: list[str] | None = Field(default=None, description="replay: capture file names")
@@ -200,12 +241,6 @@ class Snapshot(BaseModel):
     processes: list[ProcessReport] = Field(default_factory=list, max_length=16384)
     findings: list[FindingReport] = Field(default_factory=list, max_length=16384)
 
-    @field_validator("collected_at")
-    @classmethod
-    def _aware(cls, v: datetime) -> datetime:
-        if v.tzinfo is None:
-            raise ValueError("collected_at needs a timezone offset (UTC expected)")
-        return v
 
 
 class ReservationEntry(BaseModel):
@@ -243,6 +278,9 @@ class SnapshotAck(BaseModel):
 
     accepted: bool
     duplicate: bool = False
+    conflict: str | None = Field(
+        default=None, description="set with duplicate=true when the seq was already used by a different snapshot"
+    )
     seq: int
     server_time: datetime
     policy: HostPolicy

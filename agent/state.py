@@ -11,14 +11,22 @@ directory), so a crash or SIGKILL leaves either the old or the new file, never a
   skips the unused rest of the block; the service only needs seqs to be unique and rising).
 * ``ack.json``: the last :class:`~agent.schema.SnapshotAck`, so enforcement keeps its
   reservation table across restarts and outages.
+* ``dead-letter.jsonl``: snapshots the service refused for good (a 4xx other than 404, 408
+  and 429), one JSON line each with the status and the service's reason, so the spool
+  moves on and an admin can see what was refused; rotated to ``.1`` beyond 16 MiB.
+
+Seqs only rise within one agent instance: a lost state directory starts them at 0 again,
+which the service tells apart by the instance id sent with each snapshot.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
@@ -209,3 +217,36 @@ class AckCache:
                 self._saved_key = key
             except OSError as exc:
                 log.error("cannot save the reservation table to %s: %s", self.path, exc)
+
+
+class DeadLetters:
+    """Snapshots the service refused for good, appended to a JSON-lines file.
+
+    :param max_bytes: beyond this size the file is renamed to ``<name>.1`` (replacing an
+        older one) and a new one is started, so refusals never fill the disk.
+    """
+
+    def __init__(self, path: Path, *, max_bytes: int = 16 << 20) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.count = 0
+
+    def put(self, seq: int, status: int | None, reason: str | None, body: bytes, *, at: datetime) -> str:
+        """Record one refused snapshot; returns where it went (for the log line)."""
+        try:
+            snapshot: object = json.loads(body)
+        except ValueError:
+            snapshot = body.decode("utf-8", errors="replace")
+        line = json.dumps({"at": at.isoformat(), "seq": seq, "status": status, "reason": (reason or "")[:2000],
+                           "snapshot": snapshot}, separators=(",", ":")) + "\n"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size + len(line) > self.max_bytes:
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line)
+        except OSError as exc:
+            log.error("cannot write the dead-letter file %s: %s", self.path, exc)
+            return f"dropped (dead-letter file unwritable: {exc})"
+        self.count += 1
+        return f"moved to {self.path}"

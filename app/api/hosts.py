@@ -8,7 +8,17 @@ from fastapi import APIRouter, Query, Response
 
 from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep
 from app.models import utcnow
-from app.schemas.host import DeviceRead, DeviceUpdate, HostCreate, HostCreated, HostRead, HostUpdate
+from app.schemas.host import (
+    DeviceConflictRead,
+    DeviceMove,
+    DeviceRead,
+    DeviceUpdate,
+    HostCreate,
+    HostCreated,
+    HostRead,
+    HostUpdate,
+)
+from app.services import device_claims
 from app.services import devices as device_service
 from app.services import hosts as host_service
 
@@ -62,3 +72,16 @@ def update_device(uuid: str, data: DeviceUpdate, admin: AdminUser, session: Writ
     )
     session.flush()
     return device_service.get_device_read(session, uuid=uuid, now=utcnow())
+
+
+@router.post("/devices/{uuid}/move", response_model=DeviceRead, responses={404: {}, 409: {}, 422: {}})
+def move_device(uuid: str, data: DeviceMove, admin: AdminUser, session: WriteSessionDep) -> DeviceRead:
+    """Admins register a GPU (with its MIG instances) to another host; audited; clears its conflicts."""
+    device_claims.move_device(session, actor=admin, uuid=uuid, to_host=data.host)
+    return device_service.get_device_read(session, uuid=uuid, now=utcnow())
+
+
+@router.get("/device-conflicts", response_model=list[DeviceConflictRead])
+def list_device_conflicts(admin: AdminUser, session: SessionDep) -> list[DeviceConflictRead]:
+    """Devices a host reported although they belong to another host (refused), newest first."""
+    return [DeviceConflictRead.model_validate(c, from_attributes=True) for c in device_claims.list_conflicts(session)]

@@ -208,11 +208,25 @@ def status(
         procs = " ".join(f"{_owner_text(p)}:{p.get('name') or p['pid']}({p['pid']})"
                          + (f" {gib(p['used_memory_mib'])}" if p.get("used_memory_mib") else "")
                          for p in d.get("processes", []))
+        data = t.get("process_data") or "ok"
+        if data in ("unlisted", "defunct"):
+            who_was = f", last seen: {t['last_owner']}" if t.get("last_owner") else ""
+            procs = (f"[{'defunct (zombie)' if data == 'defunct' else 'unlisted'} process{who_was}] " + procs).strip()
+        elif data == "unreliable":
+            procs = ("[process data unreliable] " + procs).strip()
         gpu = str(d["index"]) if d.get("index") is not None else "-"
         if d.get("mig_profile"):
             gpu += f" {d['mig_profile']}"
         rows.append([d["host"], gpu, (d.get("name") or "?").replace("NVIDIA ", ""), mem, util, d["status"], who, until, procs])
     typer.echo(table(rows, ["HOST", "GPU", "MODEL", "MEMORY", "UTIL", "STATUS", "HOLDER", "UNTIL", "PROCESSES"]))
+    for h in ctx.api.get("/hosts"):
+        if host and h["name"] != host:
+            continue
+        offset = h.get("clock_offset_s")
+        if offset is not None and abs(offset) > 2:
+            typer.echo(f"{h['name']}: host clock {abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} the service's")
+        if h.get("clock_trouble"):
+            typer.echo(f"{h['name']}: clock trouble: {h['clock_trouble']}")
     typer.echo(f"times in {tz.key}")
 
 
@@ -223,6 +237,14 @@ def _owner_text(p: dict) -> str:
     if p.get("owner_status") == "uid_only":
         return f"[{p.get('owner') or 'uid ' + str(p.get('uid'))}]"
     return p.get("unix_user") or "?"
+def move_device(
+    ctx: Ctx,
+    uuid: Annotated[str, typer.Argument(help="the GPU's UUID (GPU-...)")],
+    to: Annotated[str, typer.Option("--to", help="the host it now belongs to")],
+) -> None:
+    """Admins: register a GPU to another host (it was moved, or a host reported it: see conflicts)."""
+    d = ctx.api.post(f"/devices/{uuid}/move", {"host": to})
+    typer.echo(f"{d['uuid']} now belongs to {d['host']}")
 
 
 def env(
@@ -289,6 +311,7 @@ def register(cli: typer.Typer) -> None:
     add(release, "release")
     add(extend, "extend")
     add(status, "status")
+    add(move_device, "move-device")
     add(env, "env")
     add(run, "run")
     add(usage, "usage")

@@ -2,13 +2,13 @@
 
 from app.models.base import Base, UTCDateTime, utcnow
 from app.models.finding import AuditLog, Finding, Notice
-from app.models.host import Device, DeviceProcess, DeviceTelemetry, Host, HostSnapshot, UsageRollup
+from app.models.host import Device, DeviceConflict, DeviceProcess, DeviceTelemetry, Host, HostSnapshot, UsageRollup
 from app.models.reservation import Reservation, ReservationDevice, ReservationSeries, ReservationShare
 from app.models.rule import SharingRule
 from app.models.user import ApiToken, Group, GroupMember, LoginAttempt, User, WebSession
 
 __all__ = [
-    "Base", "UTCDateTime", "utcnow", "AuditLog", "Finding", "Notice", "Device", "DeviceProcess",
+    "Base", "UTCDateTime", "utcnow", "AuditLog", "Finding", "Notice", "Device", "DeviceConflict", "DeviceProcess",
     "DeviceTelemetry", "Host", "HostSnapshot", "UsageRollup", "Reservation", "ReservationDevice",
     "ReservationSeries", "ReservationShare", "SharingRule", "ApiToken", "Group", "GroupMember",
     "LoginAttempt", "User", "WebSession",

@@ -47,6 +47,11 @@ class Host(Base):
     stale: Mapped[bool] = mapped_column(Boolean, default=False)
     suspect: Mapped[bool] = mapped_column(Boolean, default=False)
     suspect_reasons: Mapped[list[str] | None] = mapped_column(JSON)
+    # service time minus the host's clock, seconds, as the agent measured it from its acks
+    clock_offset_s: Mapped[float | None] = mapped_column(Float)
+    # the last snapshot whose collected_at was implausible (future or too old), and when
+    clock_trouble: Mapped[str | None] = mapped_column(String(512))
+    clock_trouble_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     devices: Mapped[list["Device"]] = relationship(back_populates="host", lazy="raise", order_by="Device.index")
@@ -110,6 +115,11 @@ class DeviceTelemetry(Base):
     error: Mapped[str | None] = mapped_column(String(1024))
     processes_status: Mapped[str] = mapped_column(String(16), default="ok")
     processes_error: Mapped[str | None] = mapped_column(String(1024))
+    memory_reserved_mib: Mapped[float | None] = mapped_column(Float)
+    # whether the process list agrees with the memory figures (agent.schema.ProcessData)
+    process_data: Mapped[str] = mapped_column(String(16), default="ok", server_default="ok")
+    process_data_detail: Mapped[str | None] = mapped_column(String(512))
+    last_owner: Mapped[str | None] = mapped_column(String(64))
 
 
 class DeviceProcess(Base):
@@ -134,16 +144,36 @@ class DeviceProcess(Base):
 
 
 class HostSnapshot(Base):
-    """The (host, seq) pairs already ingested, for idempotent replays from the agent's spool."""
+    """The (host, agent instance, seq) triples already ingested, for idempotent replays from
+    the agent's spool. ``agent_instance`` is "" for agents that do not send one."""
 
     __tablename__ = "host_snapshots"
-    __table_args__ = (UniqueConstraint("host_id", "seq"),)
+    __table_args__ = (UniqueConstraint("host_id", "agent_instance", "seq"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    agent_instance: Mapped[str] = mapped_column(String(64), default="", server_default="")
     seq: Mapped[int] = mapped_column(BigInteger)
     collected_at: Mapped[datetime]
     received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class DeviceConflict(Base):
+    """A host's token reported a device registered to another host: refused, kept for admins.
+
+    One row per (device, claiming host); ``count`` snapshots so far, ``last_at`` the latest.
+    Cleared when an admin moves the device (:func:`app.services.devices_admin.move_device`).
+    """
+
+    __tablename__ = "device_conflicts"
+    __table_args__ = (UniqueConstraint("device_id", "claimed_by_host_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    claimed_by_host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    first_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_at: Mapped[datetime] = mapped_column(default=utcnow)
+    count: Mapped[int] = mapped_column(Integer, default=1)
 
 
 class UsageRollup(Base):
@@ -166,4 +196,4 @@ class UsageRollup(Base):
     holder: Mapped[str | None] = mapped_column(String(64))
 
 
-__all__ = ["Host", "Device", "DeviceTelemetry", "DeviceProcess", "HostSnapshot", "UsageRollup", "POLICIES"]
+__all__ = ["Host", "Device", "DeviceConflict", "DeviceTelemetry", "DeviceProcess", "HostSnapshot", "UsageRollup", "POLICIES"]

@@ -48,6 +48,8 @@ class HostRead(BaseModel):
     cuda_version: str | None
     suspect: bool
     suspect_reasons: list[str] | None
+    clock_offset_s: float | None = Field(default=None, description="service minus host clock, seconds (agent-measured)")
+    clock_trouble: str | None = Field(default=None, description="the last implausible collected_at, within the last day")
     device_count: int
 
 
@@ -70,6 +72,10 @@ class TelemetryRead(BaseModel):
     error: str | None
     processes_status: str
     processes_error: str | None
+    memory_reserved_mib: float | None = None
+    process_data: str = Field(default="ok", description="ok | unreliable | unlisted | defunct")
+    process_data_detail: str | None = None
+    last_owner: str | None = None
 
 
 class ProcessRead(BaseModel):
@@ -113,10 +119,30 @@ class DeviceRead(BaseModel):
     processes: list[ProcessRead]
     holder: HolderRead | None
     next_reservation: HolderRead | None
-    status: str = Field(description="free | reserved-idle | in-use | finding | monitoring-down | stale | lost | retired")
+    status: str = Field(description="free | reserved-idle | in-use | finding | occupied-unlisted | unreliable | "
+                        "monitoring-down | stale | lost | retired")
 
 
 class DeviceUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     retired: bool | None = None
     is_open: bool | None = None
+
+
+class DeviceMove(BaseModel):
+    """``POST /api/v1/devices/{uuid}/move``: register a GPU to another host (admins)."""
+
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field(min_length=1, max_length=128, description="the host the GPU now belongs to")
+
+
+class DeviceConflictRead(BaseModel):
+    """A host reported a device registered to another host; refused until an admin moves it."""
+
+    uuid: str
+    device_name: str | None
+    owner_host: str
+    claimed_by: str
+    first_at: datetime
+    last_at: datetime
+    count: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
@@ -16,6 +16,7 @@ from app.models import (
 from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, TelemetryRead
 
 STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
+CLOCK_TROUBLE_SHOWN = timedelta(days=1)  # an implausible collected_at stays on the host this long
 
 
 def host_status(host: Host, now: datetime) -> tuple[str, float | None]:
@@ -39,6 +40,8 @@ def host_read(host: Host, *, now: datetime, device_count: int) -> HostRead:
         monitoring_message=host.monitoring_message, source=host.source, replay_of=host.replay_of,
         agent_version=host.agent_version, driver_version=host.driver_version, cuda_version=host.cuda_version,
         suspect=host.suspect, suspect_reasons=host.suspect_reasons, device_count=device_count,
+        clock_offset_s=host.clock_offset_s,
+        clock_trouble=host.clock_trouble if host.clock_trouble_at and now - host.clock_trouble_at < CLOCK_TROUBLE_SHOWN else None,
     )
 
 
@@ -93,6 +96,11 @@ def _device_status(v: DeviceView, host_state: str) -> str:
         return "stale"
     if host_state in ("down", "misconfigured"):
         return "monitoring-down"
+    data = v.telemetry.process_data if v.telemetry is not None else "ok"
+    if data in ("unlisted", "defunct"):
+        return "occupied-unlisted"  # memory in use by a process NVML does not list: never "free"
+    if data == "unreliable":
+        return "unreliable"
     if v.finding_pids:
         return "finding"
     users = {p.unix_user for p in v.processes if p.unix_user and p.type != "G"}

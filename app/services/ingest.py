@@ -1,8 +1,18 @@
 """Ingest of agent snapshots: devices by UUID, latest telemetry and processes, rollups,
-findings; idempotent by ``(host, seq)``; answers with the host's reservation table."""
+findings; idempotent by ``(host, agent instance, seq)``; answers with the host's
+reservation table and the service's time.
+
+Time is the service's: a host is "seen" when the service receives its snapshot. A
+``collected_at`` more than :data:`CLOCK_FUTURE_TOLERANCE` ahead of receipt, or older than
+the idempotency window (``snapshot_seq_retention_days``), is clock trouble: recorded on the
+host, and the snapshot is filed under its time of receipt, so one bad date never freezes a
+host (its later snapshots would all look older). Devices registered to another host are
+refused (:mod:`app.services.device_claims`).
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, union_all
@@ -26,8 +36,15 @@ from app.models import (
     User,
     utcnow,
 )
+from app.services import device_claims
 from app.services import findings as findings_service
 from app.services import hosts as host_service
+from app.services import occupied
+
+log = logging.getLogger(__name__)
+
+# collected_at may run ahead of receipt by this much (clock steps, NTP slew) before it is clock trouble
+CLOCK_FUTURE_TOLERANCE = timedelta(seconds=60)
 
 # The window of the host's reservation table sent to the agent.
 TABLE_AHEAD = timedelta(hours=48)
@@ -36,7 +53,7 @@ TABLE_BEHIND = timedelta(hours=6)
 TELEMETRY_FIELDS = (
     "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w", "power_limit_w",
     "throttle_reasons", "ecc_uncorrected", "retired_pages", "persistence_mode", "compute_mode", "health", "error",
-    "processes_status", "processes_error",
+    "processes_status", "processes_error", "memory_reserved_mib", "process_data", "process_data_detail", "last_owner",
 )
 
 
@@ -116,11 +133,13 @@ def uid_table(session: Session) -> dict[int, str]:
     return {uid: name for uid, name in rows}
 
 
-def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settings: Settings, now: datetime) -> SnapshotAck:
+def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settings: Settings, now: datetime,
+              conflict: str | None = None) -> SnapshotAck:
     open_devices = list(session.scalars(select(Device.uuid).where(Device.host_id == host.id, Device.is_open.is_(True))))
     return SnapshotAck(
         accepted=True,
         duplicate=duplicate,
+        conflict=conflict,
         seq=seq,
         server_time=now,
         policy=host_policy(host),
@@ -157,7 +176,7 @@ def _upsert_devices(session: Session, host: Host, snap: Snapshot, now: datetime)
     return known
 
 
-def _store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, Device], now: datetime) -> None:
+def _store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, Device], at: datetime) -> None:
     dev_ids = [devices[d.uuid].id for d in snap.devices]
     current = {t.device_id: t for t in session.scalars(select(DeviceTelemetry).where(DeviceTelemetry.device_id.in_(dev_ids)))} if dev_ids else {}
     for rep in snap.devices:
@@ -166,7 +185,7 @@ def _store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[st
         if t is None:
             t = DeviceTelemetry(device_id=dev.id)
             session.add(t)
-        t.collected_at = snap.collected_at
+        t.collected_at = at
         for f in TELEMETRY_FIELDS:
             setattr(t, f, getattr(rep, f))
     session.execute(delete(DeviceProcess).where(DeviceProcess.host_id == host.id))
@@ -179,7 +198,7 @@ def _store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[st
             dict(
                 host_id=host.id, device_id=dev.id, pid=p.pid, type=p.type, used_memory_mib=p.used_memory_mib, uid=p.uid,
                 unix_user=p.unix_user, command=p.command, name=p.name, create_time=p.create_time,
-                container_id=p.container_id, owner_status=p.owner_status, seen_at=snap.collected_at,
+                container_id=p.container_id, owner_status=p.owner_status, seen_at=at,
             )
         )
     if rows:
@@ -191,8 +210,8 @@ def _insert_for(session: Session):
     return pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
 
 
-def _rollup(session: Session, snap: Snapshot, devices: dict[str, Device]) -> None:
-    minute = snap.collected_at.replace(second=0, microsecond=0)
+def _rollup(session: Session, snap: Snapshot, devices: dict[str, Device], at: datetime) -> None:
+    minute = at.replace(second=0, microsecond=0)
     users_by_dev: dict[str, set[str]] = {}
     for p in snap.processes:
         if p.unix_user:
@@ -235,34 +254,79 @@ def _rollup(session: Session, snap: Snapshot, devices: dict[str, Device]) -> Non
     session.execute(stmt, values)
 
 
+def clock_trouble(snap: Snapshot, *, now: datetime, settings: Settings) -> str | None:
+    """Why ``snap.collected_at`` cannot be trusted against receipt at ``now``, or ``None``."""
+    ahead = (snap.collected_at - now).total_seconds()
+    if ahead > CLOCK_FUTURE_TOLERANCE.total_seconds():
+        return f"snapshot seq {snap.seq} dated {snap.collected_at.isoformat()}, {ahead:.0f} s after it was received"
+    if -ahead > settings.snapshot_seq_retention_days * 86400:
+        return (f"snapshot seq {snap.seq} dated {snap.collected_at.isoformat()}, older than the "
+                f"{settings.snapshot_seq_retention_days}-day replay window when received")
+    return None
+
+
+def _claim(session: Session, *, host: Host, snap: Snapshot, now: datetime) -> tuple[bool, str | None]:
+    """Claim ``(host, agent instance, seq)``: (claimed, conflict). ``conflict`` says why an
+    already-claimed seq belongs to a different snapshot (its collected_at differs)."""
+    instance = snap.agent_instance or ""
+    # One statement claims the key: a replayed or concurrently posted seq inserts nothing.
+    ins = _insert_for(session)(HostSnapshot).values(
+        host_id=host.id, agent_instance=instance, seq=snap.seq, collected_at=snap.collected_at, received_at=now
+    )
+    claimed = session.execute(
+        ins.on_conflict_do_nothing(
+            index_elements=[HostSnapshot.host_id, HostSnapshot.agent_instance, HostSnapshot.seq]
+        ).returning(HostSnapshot.id)
+    ).first()
+    if claimed is not None:
+        return True, None
+    had = session.scalar(select(HostSnapshot.collected_at).where(
+        HostSnapshot.host_id == host.id, HostSnapshot.agent_instance == instance, HostSnapshot.seq == snap.seq))
+    if had is not None and abs((had - snap.collected_at).total_seconds()) > 0.001:
+        conflict = (f"seq {snap.seq} of host {host.name} was already used by a snapshot collected at {had.isoformat()}; "
+                    f"this one was collected at {snap.collected_at.isoformat()} (an agent that lost its state "
+                    "directory and sends no agent_instance?)")
+        log.error("snapshot dropped as a duplicate the service never had: %s", conflict)
+        return False, conflict
+    return False, None
+
+
 def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: Settings, now: datetime | None = None) -> SnapshotAck:
     """Store a snapshot of ``host`` and answer with its reservation table and policy.
 
-    Idempotent by ``(host, seq)``: a replayed seq changes nothing and answers
-    ``duplicate=true``. A snapshot older than the latest seq (spool replay after an outage)
-    adds its findings and rollups but does not overwrite the latest state.
+    Idempotent by ``(host, agent_instance, seq)``: a replayed key changes nothing and answers
+    ``duplicate=true`` (with ``conflict`` set, and an error logged, when the stored snapshot
+    under that key is a different one). A snapshot older than the host's latest (spool replay
+    after an outage) adds its findings and rollups but does not overwrite the latest state.
+    Devices registered to another host are refused for this snapshot.
     Raises Forbidden when ``snap.host`` is not the token's host.
     """
     now = now or utcnow()
     host_service.require_same_host(host, snap.host)
-    # One statement claims (host, seq): a replayed or concurrently posted seq inserts nothing.
-    ins = _insert_for(session)(HostSnapshot).values(
-        host_id=host.id, seq=snap.seq, collected_at=snap.collected_at, received_at=now
-    )
-    claimed = session.execute(
-        ins.on_conflict_do_nothing(index_elements=[HostSnapshot.host_id, HostSnapshot.seq]).returning(HostSnapshot.id)
-    ).first()
-    if claimed is None:
-        return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now)
+    claimed, conflict = _claim(session, host=host, snap=snap, now=now)
+    if not claimed:
+        return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now, conflict=conflict)
 
+    trouble = clock_trouble(snap, now=now, settings=settings)
+    at = snap.collected_at
+    if trouble is not None:
+        log.warning("host %s: clock trouble: %s; filed under its time of receipt", host.name, trouble)
+        host.clock_trouble, host.clock_trouble_at = trouble[:512], now
+        at = now
+    snap = device_claims.refuse_foreign_devices(session, host=host, snap=snap, now=now)
+    if trouble is not None and snap.collected_at > now:
+        # finding times from the same clock would outrank every later report of the finding
+        snap = snap.model_copy(update={"findings": [
+            f.model_copy(update={"first_seen": min(f.first_seen, now), "last_seen": min(f.last_seen, now)})
+            for f in snap.findings]})
     devices = _upsert_devices(session, host, snap, now)
     # Latest by collection time, not seq: a spooled backlog replays older snapshots after newer ones may
     # have been posted, and an agent whose state was wiped restarts its seq.
-    is_latest = host.last_collected_at is None or snap.collected_at >= host.last_collected_at
+    is_latest = host.last_collected_at is None or at >= host.last_collected_at
     if is_latest:
-        _store_latest(session, host, snap, devices, now)
+        _store_latest(session, host, snap, devices, at)
         host.last_seq = snap.seq
-        host.last_collected_at = snap.collected_at
+        host.last_collected_at = at
         host.last_seen_at = now
         host.interval_seconds = snap.interval_seconds
         host.agent_version = snap.agent_version
@@ -276,7 +340,11 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         host.stale = snap.stale
         host.suspect = snap.suspect
         host.suspect_reasons = snap.suspect_reasons or None
-    _rollup(session, snap, devices)
+        host.clock_offset_s = snap.clock_offset_s
+        occupied.record_warnings(session, host=host, snap=snap, devices=devices, now=now)
+    else:
+        host.last_seen_at = now  # the agent is alive: staleness goes by receipt
+    _rollup(session, snap, devices, at)
     findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
     session.flush()
     return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now)

@@ -117,12 +117,17 @@ class DatabaseCollector:
                                     "and NVML works, else 0", labels=("host", "source"))
         host_age = GaugeMetricFamily("gpuroster_host_seconds_since_snapshot",
                                      "seconds since the service last received a snapshot from the host", labels=("host",))
+        host_clock = GaugeMetricFamily("gpuroster_host_clock_offset_seconds",
+                                       "the service's clock minus the host's, as the agent measured it", labels=("host",))
         for hid, h in sorted(hosts.items(), key=lambda kv: kv[1].name):
             host_up.add_metric((h.name, h.source or ""), 1.0 if hid in up_hosts else 0.0)
             if h.last_seen_at is not None:
                 host_age.add_metric((h.name,), max(0.0, (now - h.last_seen_at).total_seconds()))
+            if h.clock_offset_s is not None:
+                host_clock.add_metric((h.name,), h.clock_offset_s)
         yield host_up
         yield host_age
+        yield host_clock
 
         # Devices in their host's latest snapshot: telemetry written by that very snapshot.
         rows = s.execute(

@@ -54,6 +54,8 @@ from app.timeutil import parse_instant
 
 DEFAULT_THRESHOLD_PCT = 5.0  # the agent's default idle threshold (HostPolicy.idle_utilization_pct)
 MAX_PERIOD = timedelta(days=366)
+PERIOD_MIN = datetime(1970, 1, 1, tzinfo=UTC)
+PERIOD_MAX = datetime(9000, 1, 1, tzinfo=UTC)
 PRUNE_EVERY = timedelta(hours=1)
 PRUNE_ACTION = "history.prune"
 PRUNE_LOCK_KEY = 0x67707275_6E65  # pg advisory lock: one pruner at a time across processes
@@ -96,6 +98,10 @@ def parse_period(start: str | None, end: str | None, *, tz: ZoneInfo, now: datet
     """
     lo = _parse_bound(start, tz=tz, field="from", now=now) if start else None
     hi = _parse_bound(end, tz=tz, field="to", now=now) if end else None
+    for name, bound in (("from", lo), ("to", hi)):
+        # the default end (the next month) and the lab zone must stay representable
+        if bound is not None and not (PERIOD_MIN <= bound <= PERIOD_MAX):
+            raise InvalidInput(f"{name}: out of range ({PERIOD_MIN.year}-{PERIOD_MAX.year - 1})", field=name)
     if lo is None and hi is None:
         lo = month_start(now, tz)
         hi = next_month(lo, tz)

@@ -26,6 +26,7 @@ from app.models import Device, User, utcnow
 from app.schemas.host import HostUpdate
 from app.services import devices as device_service
 from app.services import groups as group_service
+from app.services import device_claims
 from app.services import hosts as host_service
 from app.services import users as user_service
 from app.web.deps import AdminFormViewer, AdminPageViewer, FormBody, Viewer, form_str
@@ -39,6 +40,7 @@ DONE = {
     "user-created": "User created.", "user-changed": "User changed.", "group-created": "Group created.",
     "members-added": "Members added.", "member-removed": "Member removed.", "host-changed": "Host settings saved.",
     "device-changed": "Device changed.",
+    "device-moved": "Device moved to its new host.",
 }
 
 
@@ -58,7 +60,7 @@ def admin_context(session: Session, *, viewer: Viewer, **extra: Any) -> dict[str
     return {
         "viewer": viewer, "active": "admin", "users": users, "groups": group_service.list_groups(session),
         "hosts": device_service.list_hosts(session, now=now), "devices": devices, "parents": by_id, "now": now,
-        **extra,
+        "conflicts": device_claims.list_conflicts(session), **extra,
     }
 
 
@@ -218,3 +220,13 @@ def change_device(request: Request, viewer: AdminFormViewer, session: WriteSessi
     except AppError as e:
         return _failed(request, session, viewer, e, "devices")
     return _done("device-changed", "devices")
+
+
+@router.post("/admin/devices/move")
+def move_device(request: Request, viewer: AdminFormViewer, session: WriteSessionDep, form: FormBody) -> Response:
+    """Register a GPU to another host (after a conflict, or a GPU really moved); audited."""
+    try:
+        device_claims.move_device(session, actor=viewer.user, uuid=form_str(form, "uuid"), to_host=form_str(form, "host"))
+    except AppError as e:
+        return _failed(request, session, viewer, e, "devices")
+    return _done("device-moved", "devices")

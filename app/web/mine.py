@@ -17,6 +17,7 @@ from app.config import Settings
 from app.errors import AppError, InvalidInput, ReservationConflict
 from app.models import Reservation, utcnow
 from app.schemas.reservation import ReservationUpdate
+from app.services import occupied
 from app.services import reservations as reservation_service
 from app.web.book import conflict_lines, device_names
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
@@ -57,8 +58,10 @@ def export_lines(r: Reservation) -> str:
 def _list_page(request: Request, session: Session, viewer: Viewer, settings: Settings, *, status: int = 200,
                **extra: Any) -> Response:
     now = utcnow()
+    mine = my_reservations(session, viewer=viewer, settings=settings, now=now)
     ctx = {
-        "viewer": viewer, "active": "mine", "mine": my_reservations(session, viewer=viewer, settings=settings, now=now),
+        "viewer": viewer, "active": "mine", "mine": mine,
+        "occupied": occupied.warnings_for(session, mine.active + mine.upcoming),
         "now": now, "state_of": lambda r: reservation_service.reservation_state(r, now), "past_days": PAST_DAYS,
         "cuda": reservation_service.cuda_visible_devices, "refs": lambda r: reservation_service.to_read(r, now).devices,
         "one_hour": timedelta(hours=1), **extra,

@@ -30,6 +30,8 @@ DEVICE_BADGES = {
     "reserved-idle": "reserved, idle",
     "in-use": "in use",
     "finding": "finding",
+    "occupied-unlisted": "occupied, unlisted process",
+    "unreliable": "process data unreliable",
     "monitoring-down": "monitoring down",
     "stale": "stale agent",
     "lost": "lost GPU",

@@ -48,9 +48,9 @@ class SimClock:
 
 
 def make_ack(seq: int, *, duplicate: bool = False, reservations: list[ReservationEntry] | None = None,
-             policy: HostPolicy | None = None) -> SnapshotAck:
-    return SnapshotAck(accepted=True, duplicate=duplicate, seq=seq, server_time=T0, policy=policy or HostPolicy(),
-                       reservations=reservations or [])
+             policy: HostPolicy | None = None, server_time: datetime = T0, conflict: str | None = None) -> SnapshotAck:
+    return SnapshotAck(accepted=True, duplicate=duplicate, seq=seq, server_time=server_time, policy=policy or HostPolicy(),
+                       reservations=reservations or [], conflict=conflict)
 
 
 class FakeService:
@@ -64,6 +64,7 @@ class FakeService:
         self.attempts: list[tuple[float, int, int]] = []
         self.behaviour = lambda seq, t: (200, {})
         self.ack_kwargs: dict = {}
+        self.skew = timedelta(0)  # the service's clock minus the agent host's
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/api/v1/agent/snapshots"
@@ -78,7 +79,8 @@ class FakeService:
             self.accepted.append(snap.seq)
             self.accepted_real.append(time.perf_counter())
             self.collected.append(snap.collected_at)
-        return httpx.Response(200, json=make_ack(snap.seq, duplicate=duplicate, **self.ack_kwargs).model_dump(mode="json"))
+        ack = make_ack(snap.seq, duplicate=duplicate, server_time=self.clock.utc() + self.skew, **self.ack_kwargs)
+        return httpx.Response(200, json=ack.model_dump(mode="json"))
 
 
 def make_agent(state: Path, service: FakeService, clock: SimClock, *, interval: float = 5.0, enforcer=None,  # noqa: ANN001

@@ -32,6 +32,8 @@ MATRIX = [
     ("PATCH", "/api/v1/hosts/{name}", _row(401, 403, 403, 200, 403, 403)),
     ("GET", "/api/v1/devices", _row(401, 200, 200, 200, 403, 403)),
     ("PATCH", "/api/v1/devices/{uuid}", _row(401, 403, 403, 200, 403, 403)),
+    ("POST", "/api/v1/devices/{uuid}/move", _row(401, 403, 403, 200, 403, 403)),
+    ("GET", "/api/v1/device-conflicts", _row(401, 403, 403, 200, 403, 403)),
     ("GET", "/api/v1/reservations", _row(401, 200, 200, 200, 403, 403)),
     ("POST", "/api/v1/reservations", _row(401, 201, 201, 201, 403, 403)),
     ("GET", "/api/v1/reservations/{reservation_id}", _row(401, 200, 200, 200, 403, 403)),
@@ -74,6 +76,8 @@ def test_authorization_matrix(client, lab, make_host, make_user):
             return {"name": f"node-{next(seq)}"}
         if path.startswith("/api/v1/hosts/"):
             return {"grace_seconds": 30}
+        if path.endswith("/move"):
+            return {"host": "node-01"}
         if path.startswith("/api/v1/devices/"):
             return {"is_open": False}
         if path == "/api/v1/reservations" and method == "POST":
