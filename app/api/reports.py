@@ -66,6 +66,21 @@ def usage(caller: CurrentUser, session: SessionDep, settings: SettingsDep, user:
                    start=from_, end=to, threshold=threshold)
 
 
+@router.get("/reports/usage.csv", response_class=Response, responses={200: {"content": {"text/csv": {}}}, 401: {}, 404: {},
+                                                                       422: {}})
+def usage_csv(caller: CurrentUser, session: SessionDep, settings: SettingsDep, user: UserQ = None,
+              group: GroupQ = None, from_: FromQ = None, to: ToQ = None,
+              threshold: ThresholdQ = report_service.DEFAULT_THRESHOLD_PCT) -> Response:
+    """The same report's reservations as CSV, for a spreadsheet (cells that look like
+    formulas are quoted as text)."""
+    from app.services.report_csv import usage_csv as to_csv
+
+    report = _report(session, settings, viewer_name=caller.username, user=user or None, group=group or None,
+                     start=from_, end=to, threshold=threshold)
+    return Response(to_csv(report), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="usage-{report.scope}.csv"'})
+
+
 @pages.get("/reports/usage")
 def usage_page(request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep,
                user: UserQ = None, group: GroupQ = None, from_: FromQ = None, to: ToQ = None,

@@ -27,6 +27,7 @@ import typer
 from app.client import config as client_config
 from app.client.api import Api, ApiError, NotConfigured, Unreachable
 from app.client.units import parse_duration, parse_memory_mib
+from app.sanitize import terminal_text
 
 OK, ERROR, USAGE, CONFLICT, REFUSED, UNREACHABLE, AUTH = 0, 1, 2, 3, 4, 5, 6
 EXIT_CODES = (
@@ -112,7 +113,7 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(ctx, *args, **kwargs)
         except ApiError as e:
-            typer.echo(f"error: {_problem_message(e)}", err=True)
+            typer.echo(f"error: {terminal_text(_problem_message(e), keep_newlines=True)}", err=True)
             raise typer.Exit(_code_for(e.status)) from None
         except Unreachable as e:
             typer.echo(f"error: {e}", err=True)
@@ -165,6 +166,9 @@ def _gib(mib: float | None) -> str:
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
+    """Aligned columns; every cell through :func:`app.sanitize.terminal_text` (a note or a
+    process name can never send an escape sequence to the reader's terminal)."""
+    rows = [[terminal_text(c) for c in r] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     lines = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -181,8 +185,8 @@ def _devices_text(r: dict) -> str:
 
 def _reservation_line(r: dict, tz: ZoneInfo) -> str:
     models = sorted({d.get("name") or "?" for d in r["devices"]})
-    return (f"#{r['id']} {r['state']} on {r['host']}: GPU {_devices_text(r)} ({', '.join(models)}) "
-            f"{fmt_time(_dt(r['start']), tz)} – {fmt_time(_dt(r['end']), tz)} ({tz.key})")
+    return terminal_text(f"#{r['id']} {r['state']} on {r['host']}: GPU {_devices_text(r)} ({', '.join(models)}) "
+                         f"{fmt_time(_dt(r['start']), tz)} – {fmt_time(_dt(r['end']), tz)} ({tz.key})")
 
 
 # ---------------------------------------------------------------------------- input
