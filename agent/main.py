@@ -255,6 +255,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="TOML file (default /etc/gpuroster/agent.toml)")
     p.add_argument("--server", help="service base URL")
     p.add_argument("--token-file", type=Path, help="file holding the host token (never pass the token itself)")
+    p.add_argument("--allow-readable-token-file", action="store_true", default=None,
+                   help="start even if group or others may read the token file (default: refuse)")
     p.add_argument("--host", help="host name to report (default: this machine's)")
     p.add_argument("--interval", type=float, help="seconds between polls (default 5)")
     p.add_argument("--state-dir", type=Path, help="spool, seq counter and ack cache (default /var/lib/gpuroster-agent)")
@@ -286,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "server": args.server, "token_file": args.token_file, "host": args.host, "interval": args.interval,
         "state_dir": args.state_dir, "hide_args": args.hide_args, "expect_gpus": args.expect_gpus,
         "replay": args.replay, "replay_owners": args.replay_owners, "dry_run": args.dry_run, "log_level": args.log_level,
+        "allow_readable_token_file": args.allow_readable_token_file,
     }
     try:
         settings = load_settings(cli, args.config)
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpuroster-agent: --server and --token-file (or their config/env equivalents) are required", file=sys.stderr)
         return 2
     try:
-        token = read_token(settings.token_file)
+        token = read_token(settings.token_file, allow_readable=settings.allow_readable_token_file)
     except (OSError, ValueError) as exc:
         print(f"gpuroster-agent: cannot read the host token: {exc}", file=sys.stderr)
         return 2
