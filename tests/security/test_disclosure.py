@@ -44,3 +44,42 @@ def test_metrics_bearer_token_when_configured(settings):
         assert r.status_code == 200 and "gpuroster_" in r.text
     with TestClient(create_app(settings)) as c:  # not configured: open, as before
         assert c.get("/metrics").status_code == 200
+
+
+def test_calendar_feed_tokens_are_stored_hashed_and_rotated_from_profile(app, client, make_user, session_factory):
+    import re
+    from urllib.parse import urlsplit
+
+    from fastapi.testclient import TestClient
+
+    from app.security import token_hash
+    from tests.security.helpers import PASSWORD, sign_in
+
+    make_user("alice", password=PASSWORD)
+    with TestClient(app) as browser:
+        csrf = sign_in(browser, "alice")
+        assert "No calendar feed yet." in browser.get("/profile").text
+        r = browser.post("/profile/feed", data={"csrf_token": csrf}, follow_redirects=False)
+        assert r.status_code == 201 and r.headers["cache-control"] == "no-store"
+        first = re.search(r'id="new-feed">([^<]+)<', r.text).group(1)
+        token = urlsplit(first).path.rsplit("/", 1)[1].removesuffix(".ics")
+        with session_factory() as s:
+            stored = s.scalar(select(User.feed_token_hash).where(User.username == "alice"))
+        assert stored == token_hash(token) and token not in stored
+        assert client.get(urlsplit(first).path).status_code == 200
+        page = browser.get("/profile").text
+        assert "You have a calendar feed." in page and token not in page
+        second = re.search(r'id="new-feed">([^<]+)<',
+                           browser.post("/profile/feed", data={"csrf_token": csrf}).text).group(1)
+        assert second != first
+        assert client.get(urlsplit(first).path).status_code == 404
+        assert client.get(urlsplit(second).path).status_code == 200
+        assert browser.post("/profile/feed", data={}, follow_redirects=False).status_code == 403
+
+
+def test_feed_api_shows_a_url_once(client, make_user):
+    alice = make_user("alice")
+    first = client.get("/api/v1/me/feed", headers=alice.headers).json()
+    assert first["url"].endswith(".ics")
+    again = client.get("/api/v1/me/feed", headers=alice.headers).json()
+    assert again["url"] is None and "rotate" in again["detail"]
