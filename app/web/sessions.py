@@ -21,12 +21,12 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import AppError, Unauthorized
-from app.models import LoginAttempt, User, WebSession
+from app.models import User, WebSession
 from app.security import constant_time_equal, token_hash, verify_password
 from app.services import signin_throttle
 
@@ -61,15 +61,6 @@ class SignedIn:
     web_session: WebSession
     cookie_value: str
     user: User
-
-
-def failed_attempts(session: Session, *, username: str, address: str | None, settings: Settings, now: datetime) -> tuple[int, datetime | None]:
-    """Failed sign-ins for ``username`` from ``address`` inside the window, and the oldest one's time."""
-    since = now - timedelta(seconds=settings.login_window_seconds)
-    q = select(func.count(), func.min(LoginAttempt.at)).where(LoginAttempt.username == username, LoginAttempt.at > since)
-    q = q.where(LoginAttempt.address == address) if address is not None else q.where(LoginAttempt.address.is_(None))
-    count, oldest = session.execute(q).one()
-    return int(count or 0), oldest
 
 
 def sign_in(
