@@ -29,6 +29,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="TOML file (default /etc/gpuroster/agent.toml)")
     p.add_argument("--server", help="service base URL")
     p.add_argument("--token-file", type=Path, help="file holding the host token (never pass the token itself)")
+    p.add_argument("--allow-readable-token-file", action="store_true", default=None,
+                   help="start even if group or others may read the token file (default: refuse)")
     p.add_argument("--host", help="host name to report (default: this machine's)")
     p.add_argument("--interval", type=float, help="seconds between polls (default 5)")
     p.add_argument("--state-dir", type=Path, help="spool, seq counter and ack cache (default /var/lib/gpuroster-agent)")

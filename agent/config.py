@@ -28,6 +28,8 @@ class AgentSettings(BaseSettings):
 
     server: str | None = Field(default=None, description="service base URL, e.g. https://gpuroster.lab.example")
     token_file: Path | None = Field(default=None, description="file holding this host's token")
+    allow_readable_token_file: bool = Field(
+        default=False, description="start even if group or others may read or write the token file (not recommended)")
     host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
     interval: float = Field(default=5.0, gt=0, le=3600, description="seconds between polls")
     state_dir: Path = Field(default=DEFAULT_STATE_DIR, description="spool, seq counter, ack cache")
@@ -127,14 +129,22 @@ def load_settings(cli: dict[str, Any], config: Path | None = None, *, env: bool 
     return AgentSettings.model_validate(_Layered(**flags).model_dump())
 
 
-def read_token(path: Path) -> str:
-    """The host token from ``path`` (surrounding whitespace removed); warns if others may read it."""
+def read_token(path: Path, *, allow_readable: bool = False) -> str:
+    """The host token from ``path`` (surrounding whitespace removed).
+
+    Raises ``ValueError`` when the file is empty, or when group or others may read or write
+    it (anyone who reads it can report as this host) unless ``allow_readable``, which only
+    logs a warning; ``OSError`` when it cannot be read.
+    """
     from agent.telemetry import log
 
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWGRP | stat.S_IWOTH):
+        what = f"token file {path} is accessible to other users (mode {stat.S_IMODE(mode):04o})"
+        if not allow_readable:
+            raise ValueError(f"{what}; run 'chmod 600 {path}' (or start with --allow-readable-token-file)")
+        log.warning("%s; chmod 600 it", what)
     token = path.read_text().strip()
     if not token:
         raise ValueError(f"token file {path} is empty")
-    mode = path.stat().st_mode
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
-        log.warning("token file %s is readable by other users (mode %o); chmod 600 it", path, stat.S_IMODE(mode))
     return token

@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         "server": args.server, "token_file": args.token_file, "host": args.host, "interval": args.interval,
         "state_dir": args.state_dir, "hide_args": args.hide_args, "expect_gpus": args.expect_gpus,
         "replay": args.replay, "replay_owners": args.replay_owners, "dry_run": args.dry_run, "log_level": args.log_level,
+        "allow_readable_token_file": args.allow_readable_token_file,
     }
     try:
         settings = load_settings(cli, args.config)
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpuroster-agent: --server and --token-file (or their config/env equivalents) are required", file=sys.stderr)
         return 2
     try:
-        token = read_token(settings.token_file)
+        token = read_token(settings.token_file, allow_readable=settings.allow_readable_token_file)
     except (OSError, ValueError) as exc:
         print(f"gpuroster-agent: cannot read the host token: {exc}", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ import psutil
 
 from agent.policy import as_utc, entitled, exemption, is_active, owner_known
 from agent.schema import DeviceReport, HostPolicy, NoticeReport, ProcessReport, ReservationEntry
+from agent.textsafe import terminal_text
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +309,8 @@ class TerminalNotifier:
         """Write ``text`` to ``recipient``'s terminals; a :class:`NoticeReport` saying how many
         got it (``delivered``) and which failed (``detail``). With ``dry_run`` the terminals are
         found but not written (``delivered`` 0, ``detail`` lists them). Never raises."""
-        banner = f"\n\a*** Message from gpuroster to {recipient} ***\n{text}\n"
+        # the bell is ours; everything from the service or a process is shown, never obeyed
+        banner = f"\n\a*** Message from gpuroster to {terminal_text(recipient)} ***\n{terminal_text(text, keep_newlines=True)}\n"
         try:
             paths = sorted(set(self.discover(recipient, pids)))
         except Exception as e:  # noqa: BLE001 - discovery must never stop enforcement

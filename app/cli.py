@@ -58,7 +58,8 @@ def serve(
         upgrade(settings.sqlalchemy_url)
     uvicorn.run(
         "app.main:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
-        proxy_headers=True, forwarded_allow_ips="127.0.0.1", timeout_keep_alive=65,
+        # the app believes X-Forwarded-* only from GPUROSTER_TRUSTED_PROXIES (app.main), never uvicorn's default
+        proxy_headers=False, timeout_keep_alive=65,
     )
 
 

@@ -48,6 +48,14 @@ class Settings(BaseSettings):
     session_hours: int = Field(default=12, ge=1)
     login_max_attempts: int = Field(default=5, ge=1, description="failed sign-ins per user+address per window")
     login_window_seconds: int = Field(default=300, ge=1)
+    login_max_attempts_per_account: int = Field(default=20, ge=1, description="failed sign-ins per user from all addresses per window")
+    login_max_attempts_per_address: int = Field(default=10, ge=1, description="failed sign-ins per address across all usernames per window")
+    trusted_proxies: str = Field(default="", description="comma-separated addresses/CIDRs whose X-Forwarded-For/-Proto are believed")
+    # Browser and scrape hardening
+    hsts_seconds: int = Field(default=31_536_000, ge=0, description="Strict-Transport-Security max-age on HTTPS responses; 0 sends none")
+    metrics_token: str | None = Field(default=None, description="when set, /metrics needs 'Authorization: Bearer <token>'")
+    db_retry_after_seconds: int = Field(default=5, ge=1, description="Retry-After of the 503 sent while the database is away")
+    pgbouncer: bool = Field(default=False, description="the database URL points at PgBouncer in transaction mode")
     # Notices
     smtp_host: str | None = None
     smtp_port: int = 25
@@ -69,6 +77,19 @@ class Settings(BaseSettings):
             raise ValueError(f"GPUROSTER_TIMEZONE: unknown IANA time zone {v!r}") from e
         return v
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: str) -> str:
+        import ipaddress
+
+        for item in (p.strip() for p in v.split(",")):
+            if item:
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError as e:
+                    raise ValueError(f"GPUROSTER_TRUSTED_PROXIES: {item!r} is not an address or CIDR network") from e
+        return v
+
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> "Settings":
         if self.environment == "production" and (
@@ -83,6 +104,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return normalize_database_url(self.database_url)
         return f"sqlite:///{(self.data_dir / 'gpuroster.db').resolve()}"
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """``trusted_proxies`` split on commas (addresses or CIDR networks; empty: trust none)."""
+        return [p.strip() for p in self.trusted_proxies.split(",") if p.strip()]
 
     @property
     def tz(self) -> ZoneInfo:

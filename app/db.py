@@ -38,7 +38,8 @@ def build_engine(settings: Settings, **kwargs: Any) -> Engine:
 
     SQLite: WAL, ``foreign_keys=ON``, ``busy_timeout`` from settings, ``synchronous=NORMAL``;
     a transaction on a connection with the ``gpuroster_write`` execution option starts with
-    ``BEGIN IMMEDIATE``. PostgreSQL: psycopg 3, pool pre-ping, UTC session time zone.
+    ``BEGIN IMMEDIATE``. PostgreSQL: psycopg 3, pool pre-ping, UTC session time zone (or, behind PgBouncer,
+    settings that survive transaction pooling: see :mod:`app.db_pooler`).
     """
     url = make_url(settings.sqlalchemy_url)
     if url.get_backend_name() == "sqlite":
@@ -71,10 +72,13 @@ def build_engine(settings: Settings, **kwargs: Any) -> Engine:
                 conn.exec_driver_sql("BEGIN")
 
         return engine
+    from app.db_pooler import pooler_mode, postgres_connect_args
+
+    url, pooled = pooler_mode(settings, url)
     return create_engine(
         url,
         pool_pre_ping=True,
-        connect_args={"options": "-c timezone=UTC"},
+        connect_args=postgres_connect_args(pooled),
         **_pool_args(kwargs, 10),
     )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from app import __version__, web
@@ -50,7 +51,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _TooLarge()
+                    raise _TooLarge(limit)
             return message
 
         try:
@@ -64,8 +65,14 @@ class BodySizeLimit:
         await resp(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(StarletteHTTPException):
+    """Raised while a body without ``Content-Length`` (chunked) is read past the limit.
+
+    An ``HTTPException``, so that FastAPI's body parsing lets it through to the error
+    handlers (any other exception there becomes a 400) and it is answered as a 413."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body exceeds {max_bytes} bytes")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -101,6 +108,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     metrics.install(app)  # /metrics and the conflict counter (before the page handlers wrap it)
     web.install(app)  # the pages, the cookie resolver for the API, the page error handlers
+    from app.middleware.outage import install_outage_handler
+
+    install_outage_handler(app)  # database away: 503 problem details / HTML 503, logged once per outage
 
     @app.get("/healthz", tags=["ops"], include_in_schema=False)
     def healthz() -> dict[str, str]:
@@ -128,4 +138,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The Now fragment of a large lab is ~2 MB of HTML every 5 s per open tab: compress.
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    from app.middleware.headers import SecurityHeaders
+
+    app.add_middleware(SecurityHeaders, hsts_seconds=settings.hsts_seconds)
+    if settings.trusted_proxy_list:
+        # client address and scheme from X-Forwarded-For/-Proto, only when a configured proxy sent them
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxy_list)
     return app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api.deps import SessionDep, SettingsDep, WriteSessionDep, WriteUser
+from app.api.deps import AdminUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.schemas.rules import FeedRead
 from app.services import calendar as calendar_service
 from app.services import hosts as host_service
@@ -29,23 +29,42 @@ def host_feed(token: str, session: SessionDep, settings: SettingsDep) -> Respons
     return Response(body, media_type=ICS, headers={"Cache-Control": "private, max-age=300"})
 
 
+_SHOWN_ONCE = "a feed exists; its URL was shown once when it was made (only a hash is kept): rotate for a new URL"
+
+
+def _feed(settings, kind: str, token: str | None, rotate_path: str) -> FeedRead:
+    if token is None:
+        return FeedRead(url=None, detail=f"{_SHOWN_ONCE} (POST {rotate_path})")
+    return FeedRead(url=calendar_service.feed_url(settings, kind, token))
+
+
 @router.get("/me/feed", response_model=FeedRead)
 def my_feed(user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> FeedRead:
-    """The secret URL of the caller's calendar feed (created on first use)."""
+    """The secret URL of the caller's calendar feed when it is made (first call); afterwards
+    ``url`` is null (only a hash is stored): rotate for a new one."""
     token = calendar_service.user_feed_token(session, user=user)
-    return FeedRead(url=calendar_service.feed_url(settings, "users", token))
+    return _feed(settings, "users", token, "/api/v1/me/feed/rotate")
 
 
 @router.post("/me/feed/rotate", response_model=FeedRead)
 def rotate_my_feed(user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> FeedRead:
     """A new secret URL for the caller's feed; the old one stops working."""
     token = calendar_service.user_feed_token(session, user=user, rotate=True)
-    return FeedRead(url=calendar_service.feed_url(settings, "users", token))
+    return _feed(settings, "users", token, "/api/v1/me/feed/rotate")
 
 
 @router.get("/hosts/{name}/feed", response_model=FeedRead, responses={404: {}})
 def host_feed_url(name: str, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> FeedRead:
-    """The secret URL of a host's calendar feed (who holds what is public in the lab)."""
+    """The secret URL of a host's calendar feed when it is made (first call by any member;
+    who holds what is public in the lab); afterwards ``url`` is null: an admin rotates it."""
     host = host_service.get_host(session, name)
     token = calendar_service.host_feed_token(session, host=host, actor=user)
-    return FeedRead(url=calendar_service.feed_url(settings, "hosts", token))
+    return _feed(settings, "hosts", token, f"/api/v1/hosts/{name}/feed/rotate")
+
+
+@router.post("/hosts/{name}/feed/rotate", response_model=FeedRead, responses={403: {}, 404: {}})
+def rotate_host_feed(name: str, admin: AdminUser, session: WriteSessionDep, settings: SettingsDep) -> FeedRead:
+    """A new secret URL for a host's feed (admins); the old one stops working."""
+    host = host_service.get_host(session, name)
+    token = calendar_service.host_feed_token(session, host=host, actor=admin, rotate=True)
+    return _feed(settings, "hosts", token, f"/api/v1/hosts/{name}/feed/rotate")

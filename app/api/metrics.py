@@ -1,7 +1,8 @@
 """``GET /metrics``: Prometheus text exposition, built from the database at scrape time.
 
-Mounted at the root (``/metrics``), unauthenticated like ``/healthz``: keep it on the
-internal network or behind the reverse proxy (see docs/deploy.md). Each scrape gets a fresh
+Mounted at the root (``/metrics``), unauthenticated like ``/healthz`` unless
+``GPUROSTER_METRICS_TOKEN`` is set (then a bearer token, :mod:`app.api.metrics_auth`):
+keep it on the internal network or behind the reverse proxy (see docs/deploy.md). Each scrape gets a fresh
 registry holding one :class:`~app.services.metrics.DatabaseCollector` over the request's
 session, so every worker and replica answers from the same database state.
 
@@ -16,11 +17,12 @@ from __future__ import annotations
 import inspect
 import logging
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep
+from app.api.metrics_auth import require_metrics_token
 from app.db import run_in_transaction
 from app.errors import ReservationConflict, problem_response
 from app.models import utcnow
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
 
 
-@router.get("/metrics", include_in_schema=False, response_class=Response)
+@router.get("/metrics", include_in_schema=False, response_class=Response, dependencies=[Depends(require_metrics_token)])
 def metrics(session: SessionDep) -> Response:
     """Per-device gauges, per-host freshness and row-count counters in Prometheus text format."""
     registry = CollectorRegistry(auto_describe=False)

@@ -21,7 +21,7 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
@@ -54,6 +54,23 @@ def usage(caller: CurrentUser, session: SessionDep, settings: SettingsDep, user:
         session, tz=settings.tz, viewer_name=caller.username, user=user or None, group=group or None,
         start=from_, end=to, threshold_pct=threshold, now=utcnow(),
     )
+
+
+@router.get("/reports/usage.csv", response_class=Response, responses={200: {"content": {"text/csv": {}}}, 401: {}, 404: {},
+                                                                       422: {}})
+def usage_csv(caller: CurrentUser, session: SessionDep, settings: SettingsDep, user: UserQ = None,
+              group: GroupQ = None, from_: FromQ = None, to: ToQ = None,
+              threshold: ThresholdQ = report_service.DEFAULT_THRESHOLD_PCT) -> Response:
+    """The same report's reservations as CSV, for a spreadsheet (cells that look like
+    formulas are quoted as text)."""
+    from app.services.report_csv import usage_csv as to_csv
+
+    report = report_service.report_for_request(
+        session, tz=settings.tz, viewer_name=caller.username, user=user or None, group=group or None,
+        start=from_, end=to, threshold_pct=threshold, now=utcnow(),
+    )
+    return Response(to_csv(report), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="usage-{report.scope}.csv"'})
 
 
 def prune_once(app: FastAPI) -> bool:

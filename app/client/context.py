@@ -17,6 +17,7 @@ import typer
 from app.client import config as client_config
 from app.client.api import Api, ApiError, NotConfigured, Unreachable
 from app.client.units import parse_duration, parse_memory_mib
+from app.sanitize import terminal_text
 
 OK, ERROR, USAGE, CONFLICT, REFUSED, UNREACHABLE, AUTH = 0, 1, 2, 3, 4, 5, 6
 EXIT_CODES = (
@@ -102,7 +103,7 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(ctx, *args, **kwargs)
         except ApiError as e:
-            typer.echo(f"error: {_problem_message(e)}", err=True)
+            typer.echo(f"error: {terminal_text(_problem_message(e), keep_newlines=True)}", err=True)
             raise typer.Exit(_code_for(e.status)) from None
         except Unreachable as e:
             typer.echo(f"error: {e}", err=True)

@@ -9,6 +9,8 @@ from zoneinfo import ZoneInfo
 
 import typer
 
+from app.sanitize import terminal_text
+
 
 # ---------------------------------------------------------------------------- formatting
 
@@ -43,6 +45,9 @@ def gib(mib: float | None) -> str:
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
+    """Aligned columns; every cell through :func:`app.sanitize.terminal_text` (a note or a
+    process name can never send an escape sequence to the reader's terminal)."""
+    rows = [[terminal_text(c) for c in r] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     lines = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -59,5 +64,5 @@ def devices_text(r: dict) -> str:
 
 def reservation_line(r: dict, tz: ZoneInfo) -> str:
     models = sorted({d.get("name") or "?" for d in r["devices"]})
-    return (f"#{r['id']} {r['state']} on {r['host']}: GPU {devices_text(r)} ({', '.join(models)}) "
-            f"{fmt_time(as_datetime(r['start']), tz)} – {fmt_time(as_datetime(r['end']), tz)} ({tz.key})")
+    return terminal_text(f"#{r['id']} {r['state']} on {r['host']}: GPU {devices_text(r)} ({', '.join(models)}) "
+                         f"{fmt_time(as_datetime(r['start']), tz)} – {fmt_time(as_datetime(r['end']), tz)} ({tz.key})")

@@ -30,7 +30,7 @@ class Host(Base):
     exempt_users: Mapped[list[str]] = mapped_column(JSON, default=list)
     exempt_process_names: Mapped[list[str] | None] = mapped_column(JSON)
     idle_minutes: Mapped[int] = mapped_column(Integer, default=60)
-    feed_token: Mapped[str | None] = mapped_column(String(64), unique=True)
+    feed_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)  # SHA-256 of the calendar feed token
     # What the agent last said about itself
     last_seen_at: Mapped[datetime | None]
     last_seq: Mapped[int | None] = mapped_column(BigInteger)

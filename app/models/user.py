@@ -29,7 +29,7 @@ class User(Base):
     role: Mapped[str] = mapped_column(String(16), default="member")
     password_hash: Mapped[str | None] = mapped_column(String(256))
     active: Mapped[bool] = mapped_column(Boolean, default=True)
-    feed_token: Mapped[str | None] = mapped_column(String(64), unique=True)
+    feed_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)  # SHA-256 of the calendar feed token
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     groups: Mapped[list["Group"]] = relationship(secondary="group_members", back_populates="members", lazy="raise")

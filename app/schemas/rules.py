@@ -140,4 +140,8 @@ class PasswordLogin(BaseModel):
 
 
 class FeedRead(BaseModel):
-    url: str = Field(description="secret ICS URL; anyone with it can read the calendar")
+    """A calendar feed. Only a hash of its secret is stored, so ``url`` is given once, when
+    the feed is made or rotated; afterwards it is ``null`` and ``detail`` says how to get a new one."""
+
+    url: str | None = Field(description="secret ICS URL (shown once); anyone with it can read the calendar")
+    detail: str | None = Field(default=None, description="why there is no URL")

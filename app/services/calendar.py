@@ -9,8 +9,10 @@ Every reservation (a series occurrence too) is one ``VEVENT``:
 * a cancelled reservation or occurrence stays in the feed with ``STATUS:CANCELLED``;
 * lines end in CRLF and are folded at 75 octets (the library does both).
 
-Feed URLs carry a secret token (``User.feed_token`` / ``Host.feed_token``) instead of a
-login, because calendar clients cannot send headers; rotating the token revokes the URL.
+Feed URLs carry a secret token instead of a login, because calendar clients cannot send
+headers. Like API tokens, only its SHA-256 is stored (``User.feed_token_hash`` /
+``Host.feed_token_hash``), so a URL is shown once, when it is made; rotating makes a new
+one and revokes the old.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.errors import NotFound
 from app.models import AuditLog, GroupMember, Host, Reservation, ReservationShare, User, utcnow
+from app.security import token_hash
 from app.services import reservations as reservation_service
 
 PAST = timedelta(days=90)
@@ -104,7 +107,7 @@ def user_feed(session: Session, *, token: str, settings: Settings, now: datetime
     Raises NotFound (404) for an unknown token or a deactivated user.
     """
     now = now or utcnow()
-    user = session.scalar(select(User).where(User.feed_token == token)) if token else None
+    user = session.scalar(select(User).where(User.feed_token_hash == token_hash(token))) if token else None
     if user is None or not user.active:
         raise NotFound("no calendar feed at this address", field="token")
     groups = select(GroupMember.group_id).where(GroupMember.user_id == user.id)
@@ -119,7 +122,7 @@ def user_feed(session: Session, *, token: str, settings: Settings, now: datetime
 def host_feed(session: Session, *, token: str, settings: Settings, now: datetime | None = None) -> bytes:
     """The feed of every reservation on the host owning ``token``; raises NotFound."""
     now = now or utcnow()
-    host = session.scalar(select(Host).where(Host.feed_token == token)) if token else None
+    host = session.scalar(select(Host).where(Host.feed_token_hash == token_hash(token))) if token else None
     if host is None:
         raise NotFound("no calendar feed at this address", field="token")
     q = _window(select(Reservation).where(Reservation.host_id == host.id), now)
@@ -132,19 +135,24 @@ def feed_url(settings: Settings, kind: str, token: str) -> str:
     return f"{settings.base_url.rstrip('/')}/api/v1/feeds/{kind}/{token}.ics"
 
 
-def user_feed_token(session: Session, *, user: User, rotate: bool = False) -> str:
-    """The user's feed token, created if missing, replaced when ``rotate`` (the old URL stops working)."""
-    if rotate or not user.feed_token:
-        user.feed_token = secrets.token_urlsafe(24)
-        session.add(AuditLog(actor=f"user:{user.username}", action="feed.rotate", target=f"user:{user.username}"))
-        session.flush()
-    return user.feed_token
+def user_feed_token(session: Session, *, user: User, rotate: bool = False) -> str | None:
+    """A new feed token for ``user`` when they have none or ``rotate`` (the old URL stops
+    working), returned in plain text once; ``None`` when one exists and is kept."""
+    if user.feed_token_hash and not rotate:
+        return None
+    plain = secrets.token_urlsafe(24)
+    user.feed_token_hash = token_hash(plain)
+    session.add(AuditLog(actor=f"user:{user.username}", action="feed.rotate", target=f"user:{user.username}"))
+    session.flush()
+    return plain
 
 
-def host_feed_token(session: Session, *, host: Host, actor: User, rotate: bool = False) -> str:
-    """The host's feed token, created if missing, replaced when ``rotate``."""
-    if rotate or not host.feed_token:
-        host.feed_token = secrets.token_urlsafe(24)
-        session.add(AuditLog(actor=f"user:{actor.username}", action="feed.rotate", target=f"host:{host.name}"))
-        session.flush()
-    return host.feed_token
+def host_feed_token(session: Session, *, host: Host, actor: User, rotate: bool = False) -> str | None:
+    """A new feed token for ``host`` when it has none or ``rotate``; ``None`` when kept."""
+    if host.feed_token_hash and not rotate:
+        return None
+    plain = secrets.token_urlsafe(24)
+    host.feed_token_hash = token_hash(plain)
+    session.add(AuditLog(actor=f"user:{actor.username}", action="feed.rotate", target=f"host:{host.name}"))
+    session.flush()
+    return plain

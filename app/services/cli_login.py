@@ -1,24 +1,23 @@
 """Password sign-in for the CLI: a username and password buy an API token.
 
-Throttled like a web sign-in, across app processes: failed attempts are rows of
-``login_attempts`` keyed by (username, client address); at ``settings.login_max_attempts``
-failures within ``settings.login_window_seconds`` further attempts are refused (429) until
-the oldest failure leaves the window. A success clears that pair's failures.
+Throttled exactly like a web sign-in, across app processes, by
+:mod:`app.services.signin_throttle` (per account, per address and per pair; 429 until the
+oldest counted failure leaves the window). A success clears that pair's failures.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import AppError, Unauthorized
-from app.models import ApiToken, AuditLog, LoginAttempt, User, utcnow
+from app.models import ApiToken, AuditLog, User, utcnow
 from app.security import verify_password
+from app.services import signin_throttle
 from app.services import users as user_service
 
 
@@ -42,10 +41,6 @@ class LoginOutcome:
     retry_after: int | None = None
 
 
-def _address_clause(address: str | None):
-    return LoginAttempt.address.is_(None) if address is None else LoginAttempt.address == address
-
-
 def issue_token(
     session: Session, *, username: str, password: str, address: str | None, name: str,
     expires_days: int | None, settings: Settings, now: datetime | None = None,
@@ -57,23 +52,18 @@ def issue_token(
     token-only account: one message for all, no user enumeration).
     """
     now = now or utcnow()
-    since = now - timedelta(seconds=settings.login_window_seconds)
-    where = (LoginAttempt.username == username, _address_clause(address), LoginAttempt.at > since)
-    failures = session.scalar(select(func.count()).select_from(LoginAttempt).where(*where)) or 0
-    if failures >= settings.login_max_attempts:
-        oldest = session.scalar(select(func.min(LoginAttempt.at)).where(*where)) or now
-        wait = max(1, math.ceil((oldest + timedelta(seconds=settings.login_window_seconds) - now).total_seconds()))
+    throttled = signin_throttle.check(session, username=username, address=address, settings=settings, now=now)
+    if throttled is not None:
         return LoginOutcome(
-            error=TooManyAttempts(f"too many failed sign-ins for {username!r}; try again in {wait} s", retry_after=wait),
-            retry_after=wait,
+            error=TooManyAttempts(throttled.message(username), retry_after=throttled.retry_after),
+            retry_after=throttled.retry_after,
         )
     user = session.scalar(select(User).where(User.username == username))
     ok = verify_password(password, user.password_hash if user is not None else None)
     if not ok or user is None or not user.active:
-        session.add(LoginAttempt(username=username, address=address, at=now))
-        session.flush()
+        signin_throttle.record_failure(session, username=username, address=address, now=now)
         return LoginOutcome(error=Unauthorized("wrong username or password"))
-    session.execute(delete(LoginAttempt).where(LoginAttempt.username == username, _address_clause(address)))
+    signin_throttle.clear(session, username=username, address=address, settings=settings, now=now)
     row, plain = user_service.create_api_token(session, user=user, name=name, expires_days=expires_days)
     session.add(AuditLog(actor=f"user:{username}", action="token.create_by_password", target=f"user:{username}",
                          detail={"name": name, "address": address}))

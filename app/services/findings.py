@@ -34,6 +34,7 @@ from agent.schema import FindingReport
 from app.config import Settings
 from app.models import AuditLog, Device, Finding, Host, Notice, Reservation, User
 from app.schemas.finding import ActionRead, FindingRead, NoticeRead
+from app.services import disclosure
 
 FINAL_STATES = ("terminated", "resolved")
 ACTIVE_STATES = ("open", "notified")
@@ -238,13 +239,14 @@ def details(session: Session, findings: Sequence[Finding]) -> tuple[
 
 
 def to_reads(session: Session, findings: Sequence[Finding], *, viewer: User) -> list[FindingRead]:
-    """API views of ``findings`` for ``viewer``: notice recipients (e-mail addresses) only for
-    admins and for the finding's own user."""
+    """API views of ``findings`` for ``viewer``: notice recipients as
+    :func:`app.services.disclosure.visible_recipient` allows (e-mail addresses only for
+    admins and their owner; others see the username)."""
     hosts, devices, notices, actions = details(session, findings)
+    names = disclosure.usernames_by_email(session, (n for ns in notices.values() for n in ns))
     out = []
     for f in findings:
         d = devices.get(f.device_id) if f.device_id is not None else None
-        see = viewer.is_admin or (f.unix_user is not None and f.unix_user == viewer.unix_name)
         out.append(FindingRead(
             id=f.id, host=hosts[f.host_id].name, key=f.key, kind=f.kind, state=f.state,  # type: ignore[arg-type]
             device_uuid=d.uuid if d else None, device_index=d.index if d else None,
@@ -253,7 +255,7 @@ def to_reads(session: Session, findings: Sequence[Finding], *, viewer: User) -> 
             container_name=f.container_name, container_image=f.container_image,
             reservation_id=f.reservation_id, holder=f.holder, message=f.message, first_seen_at=f.first_seen_at,
             last_seen_at=f.last_seen_at, resolved_at=f.resolved_at,
-            notices=[NoticeRead(channel=n.channel, recipient=n.recipient if see else None, sent_at=n.sent_at,  # type: ignore[arg-type]
+            notices=[NoticeRead(channel=n.channel, recipient=disclosure.visible_recipient(n, finding=f, viewer=viewer, names=names), sent_at=n.sent_at,  # type: ignore[arg-type]
                                 status=n.status, detail=n.detail) for n in notices.get(f.id, [])],
             actions=[ActionRead(action=a.action.removeprefix("finding."), at=a.at, actor=a.actor, detail=a.detail)
                      for a in actions.get(f.id, [])],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import secrets
 from typing import Any
 
 from sqlalchemy import select
@@ -23,7 +22,7 @@ def create_host(session: Session, *, name: str, actor: str = "system") -> tuple[
     if session.scalar(select(Host.id).where(Host.name == name)) is not None:
         raise Conflict(f"name: host {name!r} already exists", field="name")
     plain = new_token(HOST_TOKEN_PREFIX)
-    host = Host(name=name, token_hash=token_hash(plain), exempt_users=[], feed_token=secrets.token_urlsafe(24))
+    host = Host(name=name, token_hash=token_hash(plain), exempt_users=[])
     session.add(host)
     session.flush()
     session.add(AuditLog(actor=actor, action="host.create", target=f"host:{name}"))

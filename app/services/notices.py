@@ -48,6 +48,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.models import Device, Finding, Host, Notice, User, utcnow
+from app.sanitize import chat_text, email_header
 
 log = logging.getLogger(__name__)
 
@@ -235,13 +236,21 @@ def _compose(n: Notice, f: Finding, host: Host, device: Device | None, settings:
             "unreserved": "on a GPU without a reservation", "idle": "idle reservation"}.get(f.kind, f.kind)
     subject = f"[gpuroster] {f.kind} on {host.name}: {where.split(' (')[0]}"
     if n.channel == "webhook":
-        if f.kind == "idle":
-            text = f"gpuroster: {host.name} {where}: reservation {f.reservation_id} of {f.holder} is idle"
-        else:
-            text = f"gpuroster: {host.name} {where}: {f.unix_user}'s {proc} {what} (policy {host.policy}, state {f.state})"
-        return subject, text
+        return subject, _webhook_text(f, host, where)
     body = (f.message or f"{f.unix_user}'s {proc} on {host.name} {where}: {what}.") + f"\n\nHost policy: {host.policy}.\n{link}\n"
     return subject, body
+
+
+def _webhook_text(f: Finding, host: Host, where: str) -> str:
+    """The chat message: every value a lab member or a process chose goes through
+    :func:`app.sanitize.chat_text`, so it shows literally (no mention, link or markup)."""
+    c = chat_text
+    if f.kind == "idle":
+        return f"gpuroster: {c(host.name)} {c(where)}: reservation {f.reservation_id} of {c(f.holder)} is idle"
+    proc = f"process {f.pid} {c(f.command)}" if f.pid else "a process"
+    what = {"foreign": f"on a GPU reserved by {c(f.holder)}", "overrun": "after its reservation ended",
+            "unreserved": "on a GPU without a reservation"}.get(f.kind, c(f.kind))
+    return f"gpuroster: {c(host.name)} {c(where)}: {c(f.unix_user)}'s {proc} {what} (policy {host.policy}, state {f.state})"
 
 
 def _claim(session: Session, ids: list[int] | None, now: datetime, settings: Settings) -> list[Outgoing]:
@@ -283,11 +292,15 @@ def _send_emails(items: list[Outgoing], settings: Settings) -> None:
         if settings.smtp_username:
             smtp.login(settings.smtp_username, settings.smtp_password or "")
         for it in items:
-            msg = EmailMessage()
-            msg["From"] = settings.smtp_from
-            msg["To"] = it.recipient
-            msg["Subject"] = it.subject
-            msg.set_content(it.body)
+            try:
+                msg = EmailMessage()
+                msg["From"] = settings.smtp_from
+                msg["To"] = email_header(it.recipient)
+                msg["Subject"] = email_header(it.subject)
+                msg.set_content(it.body)
+            except (ValueError, TypeError) as e:  # one unusable value fails its own notice, not the batch
+                it.detail = f"notice could not be composed: {e}"[:500]
+                continue
             try:
                 refused = smtp.send_message(msg)
             except (OSError, smtplib.SMTPException) as e:

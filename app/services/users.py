@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import secrets
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -60,7 +59,6 @@ def create_user(
         display_name=display_name,
         role="admin" if admin else "member",
         password_hash=hash_password(password) if password else None,
-        feed_token=secrets.token_urlsafe(24),
     )
     session.add(user)
     session.flush()

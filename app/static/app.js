@@ -52,9 +52,26 @@
       syncWhen(form);
       if (form.dataset.wired) return;
       form.dataset.wired = "1";
-      form.addEventListener("change", function () { syncMode(form); syncWhen(form); });
+      form.addEventListener("change", function (event) {
+        syncMode(form);
+        syncWhen(form);
+        // the host select loads its own device list; every other change re-checks availability
+        if (event.target.name !== "host" && window.htmx) window.htmx.trigger(form, "book-check-soon");
+      });
+      form.addEventListener("input", function (event) {
+        var name = event.target.name;
+        if ((name === "length" || name === "start") && window.htmx) window.htmx.trigger(form, "book-check-later");
+      });
     });
   }
+  // Polled blocks skip their refresh while the tab is hidden (instead of an htmx trigger
+  // filter, which htmx evaluates as script and the Content-Security-Policy forbids).
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var source = event.detail && event.detail.elt;
+    if (source && source.hasAttribute("data-poll-when-visible") && document.visibilityState !== "visible") {
+      event.preventDefault();
+    }
+  });
   document.addEventListener("DOMContentLoaded", function () { wire(document); });
   document.addEventListener("htmx:afterSettle", function () { wire(document); });
 })();

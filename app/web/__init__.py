@@ -53,10 +53,13 @@ def _viewer_for_error(request: Request) -> Viewer | None:
 
 
 async def error_page(
-    request: Request, *, status: int, title: str, detail: str, errors: list[dict] | None = None
+    request: Request, *, status: int, title: str, detail: str, errors: list[dict] | None = None, lookup_viewer: bool = True
 ) -> Response:
-    """The HTML error page (htmx: the error block, retargeted into the page's message area)."""
-    viewer = await run_in_threadpool(_viewer_for_error, request)
+    """The HTML error page (htmx: the error block, retargeted into the page's message area).
+
+    ``lookup_viewer=False`` renders it without looking up the signed-in user (the database is away).
+    """
+    viewer = await run_in_threadpool(_viewer_for_error, request) if lookup_viewer else None
     headers = {"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"} if is_htmx(request) else None
     ctx = {"viewer": viewer, "status": status, "title": title, "detail": detail, "errors": errors or []}
     return page(request, "error.html", ctx, block="error", status=status, headers=headers)

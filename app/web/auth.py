@@ -80,8 +80,10 @@ def login(request: Request, session: WriteSessionDep, settings: SettingsDep, for
             now=utcnow(),
         )
     except web_sessions.TooManyAttempts as e:
-        return _login_form(request, settings, next_url=target, username=username, status=429,
+        resp = _login_form(request, settings, next_url=target, username=username, status=429,
                            error_title=e.title, error=e.detail, error_field="username")
+        resp.headers["Retry-After"] = str(e.extra.get("retry_after", settings.login_window_seconds))
+        return resp
     except web_sessions.SignInFailed as e:
         # the failed attempt was recorded in this transaction: returning (not raising) commits it
         return _login_form(request, settings, next_url=target, username=username, status=401,

@@ -33,6 +33,7 @@ from app.services import devices as device_service
 from app.services import hosts as host_service
 from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
+from app.web import sessions as web_sessions
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_list
 from app.web.now import DEVICE_BADGES, device_label
 from app.web.render import page
@@ -247,9 +248,26 @@ def book_page(request: Request, viewer: PageViewer, session: SessionDep, setting
 
 @router.get("/book/check")
 def book_check(request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep) -> Response:
-    """Conflicts and the next free time for the form's current values (htmx: the ``check`` block)."""
+    """Conflicts and the next free time for the values in the query (links; the form posts)."""
+    return _check_response(request, viewer, session, settings, BookForm.from_fields(request.query_params))
+
+
+@router.post("/book/check")
+def book_check_posted(
+    request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep, form_body: FormBody
+) -> Response:
+    """The form's availability check (htmx: the ``check`` block). Posted, so the CSRF token
+    travels in the body and the ``X-CSRF-Token`` header, never in a URL; checked like any
+    form post although nothing is written."""
+    given = request.headers.get(web_sessions.CSRF_HEADER) or form_body.get(web_sessions.CSRF_FIELD)
+    if not web_sessions.csrf_matches(viewer.csrf_token, given if isinstance(given, str) else None):
+        raise web_sessions.CsrfRefused("the form's security token is missing or out of date; reload the page",
+                                       field=web_sessions.CSRF_FIELD)
+    return _check_response(request, viewer, session, settings, BookForm.from_fields(form_body))
+
+
+def _check_response(request: Request, viewer: Viewer, session: Session, settings: Settings, form: BookForm) -> Response:
     now = utcnow()
-    form = BookForm.from_fields(request.query_params)
     check: BookingCheck | None = None
     check_error = check_field = check_note = None
     if form.mode == "count":

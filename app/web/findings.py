@@ -3,8 +3,8 @@ state and the notices sent about them.
 
 The page reads findings with the enforcement service's own query
 (:func:`app.services.findings.list_findings`) and views (:func:`~app.services.findings.to_reads`),
-as the JSON API does, so notice recipients (possibly e-mail addresses) are shown to admins
-and to the finding's own user only.
+as the JSON API does, so an e-mail address is shown to admins and its owner only (others
+see the username, :mod:`app.services.disclosure`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Profile (``/profile``): the account, and the user's own API tokens (create, revoke).
+"""Profile (``/profile``): the account, the user's own API tokens (create, revoke) and their
+calendar feed URL (rotate: a new URL, shown once).
 
 A new token's secret is shown once, in the response to the form post itself, with
 ``Cache-Control: no-store``: only its SHA-256 is stored, so it cannot be shown again after
@@ -16,9 +17,10 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.api.deps import SessionDep, WriteSessionDep
+from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.errors import AppError, InvalidInput, NotFound
 from app.models import ApiToken, utcnow
+from app.services import calendar as calendar_service
 from app.services import users as user_service
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
 from app.web.render import page
@@ -75,6 +77,15 @@ def create_token(request: Request, viewer: FormViewer, session: WriteSessionDep,
         ctx = profile_context(session, viewer=viewer, error=e.detail, error_title=e.title, error_field=e.field)
         return page(request, "profile.html", ctx, status=e.status)
     ctx = profile_context(session, viewer=viewer, new_token=plain, new_token_name=row.name)
+    return page(request, "profile.html", ctx, status=201, headers=NO_STORE)
+
+
+@router.post("/profile/feed")
+def rotate_feed(request: Request, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep) -> Response:
+    """Make a new calendar feed URL for the viewer (the old one stops working) and show it
+    once: like API tokens, only its hash is stored."""
+    token = calendar_service.user_feed_token(session, user=viewer.user, rotate=True)
+    ctx = profile_context(session, viewer=viewer, new_feed_url=calendar_service.feed_url(settings, "users", token or ""))
     return page(request, "profile.html", ctx, status=201, headers=NO_STORE)
 
 

@@ -3,9 +3,9 @@
 A session is a random cookie value; the database keeps only its SHA-256
 (``web_sessions.token_hash``) with the user, a per-session CSRF token and the expiry, so
 any number of app processes share sessions. Failed sign-ins are recorded in
-``login_attempts``; more than ``settings.login_max_attempts`` failures for one
-username from one address within ``settings.login_window_seconds`` refuse further tries
-with 429 until the window has passed. The sign-in form itself is protected by a
+``login_attempts`` and throttled per account, per address and per pair
+(:mod:`app.services.signin_throttle`, shared with the CLI sign-in): 429 until the window
+has passed. The sign-in form itself is protected by a
 double-submit token: a random nonce in a short-lived cookie and its HMAC (keyed with
 ``settings.secret_key``) in a hidden field.
 
@@ -21,13 +21,14 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import AppError, Unauthorized
-from app.models import LoginAttempt, User, WebSession
+from app.models import User, WebSession
 from app.security import constant_time_equal, token_hash, verify_password
+from app.services import signin_throttle
 
 SESSION_COOKIE = "gpuroster_session"
 LOGIN_COOKIE = "gpuroster_signin"
@@ -62,15 +63,6 @@ class SignedIn:
     user: User
 
 
-def failed_attempts(session: Session, *, username: str, address: str | None, settings: Settings, now: datetime) -> tuple[int, datetime | None]:
-    """Failed sign-ins for ``username`` from ``address`` inside the window, and the oldest one's time."""
-    since = now - timedelta(seconds=settings.login_window_seconds)
-    q = select(func.count(), func.min(LoginAttempt.at)).where(LoginAttempt.username == username, LoginAttempt.at > since)
-    q = q.where(LoginAttempt.address == address) if address is not None else q.where(LoginAttempt.address.is_(None))
-    count, oldest = session.execute(q).one()
-    return int(count or 0), oldest
-
-
 def sign_in(
     session: Session, *, username: str, password: str, address: str | None, settings: Settings, now: datetime
 ) -> SignedIn:
@@ -81,23 +73,15 @@ def sign_in(
     deactivated account, after recording the attempt (the caller must keep that write).
     """
     username = username.strip()[:64]
-    count, oldest = failed_attempts(session, username=username, address=address, settings=settings, now=now)
-    if count >= settings.login_max_attempts:
-        wait = settings.login_window_seconds
-        if oldest is not None:
-            wait = max(1, int((oldest + timedelta(seconds=settings.login_window_seconds) - now).total_seconds()) + 1)
-        raise TooManyAttempts(
-            f"too many failed sign-ins for {username!r} from this address; try again in {wait} s", field="username"
-        )
+    throttled = signin_throttle.check(session, username=username, address=address, settings=settings, now=now)
+    if throttled is not None:
+        raise TooManyAttempts(throttled.message(username), field="username", retry_after=throttled.retry_after)
     user = session.scalar(select(User).where(User.username == username)) if username else None
     ok = verify_password(password, user.password_hash if user is not None and user.active else None)
     if not ok or user is None:
-        session.add(LoginAttempt(username=username, address=address, at=now))
-        session.flush()
+        signin_throttle.record_failure(session, username=username, address=address, now=now)
         raise SignInFailed("wrong username or password", field="password")
-    window_start = now - timedelta(seconds=settings.login_window_seconds)
-    same = (LoginAttempt.address == address) if address is not None else LoginAttempt.address.is_(None)
-    session.execute(delete(LoginAttempt).where((LoginAttempt.at <= window_start) | ((LoginAttempt.username == username) & same)))
+    signin_throttle.clear(session, username=username, address=address, settings=settings, now=now)
     session.execute(delete(WebSession).where(WebSession.user_id == user.id, WebSession.expires_at <= now))
     value = secrets.token_urlsafe(32)
     ws = WebSession(

@@ -144,6 +144,7 @@ def test_once_exits_non_zero_when_the_post_fails(tmp_path, monkeypatch, status):
     _with_service(monkeypatch, lambda request: httpx.Response(status, text="no"))
     token = tmp_path / "host.token"
     token.write_text("tok")
+    token.chmod(0o600)
     rc = agent_main.main(["--replay", str(CAPTURES / "pai__nvidia_smi_out_of_order.xml"), "--server", "http://svc.test",
                           "--token-file", str(token), "--state-dir", str(tmp_path / "state"), "--once"])
     assert rc == 1

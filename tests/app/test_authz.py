@@ -44,6 +44,7 @@ MATRIX = [
     ("GET", "/api/v1/findings", _row(401, 200, 200, 200, 403, 403)),
     ("GET", "/api/v1/findings/{finding_id}", _row(401, 404, 404, 404, 403, 403)),
     ("GET", "/api/v1/reports/usage", _row(401, 200, 200, 200, 403, 403)),
+    ("GET", "/api/v1/reports/usage.csv", _row(401, 200, 200, 200, 403, 403)),
 ]
 
 

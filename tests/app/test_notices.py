@@ -158,7 +158,9 @@ def test_foreign_finding_notifies_web_offender_holder_and_webhook(factory, lab, 
     assert "http://testserver/findings" in to_bob.get_payload()
     [body] = hook.bodies
     assert list(body) == ["text"]  # what Slack and Mattermost incoming webhooks accept
-    assert "node-01" in body["text"] and "alice's process 5101" in body["text"] and "reserved by bob" in body["text"]
+    # names and the command line are code spans (shown literally, see app.sanitize.chat_text)
+    assert "`node-01`" in body["text"] and "`alice`'s process 5101 `python train.py`" in body["text"]
+    assert "reserved by `bob`" in body["text"]
     with factory() as s:  # the webhook URL's secret path is never stored
         assert all("secret" not in (n.recipient or "") + (n.detail or "") for n in s.scalars(select(Notice)))
 

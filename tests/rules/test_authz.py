@@ -43,6 +43,7 @@ MATRIX = [
     ("GET", "/api/v1/me/feed", USER),
     ("POST", "/api/v1/me/feed/rotate", USER),
     ("GET", "/api/v1/hosts/{name}/feed", USER),
+    ("POST", "/api/v1/hosts/{name}/feed/rotate", ADMIN),
 ]
 
 
@@ -101,9 +102,9 @@ def test_authorization_matrix_of_the_rules_area(client, lab, make_host, make_use
         if template == "/api/v1/auth/token":
             body = {"username": "dora", "password": "correct horse"}
         if template == "/api/v1/feeds/users/{token}.ics":
-            return url_path(client.get("/api/v1/me/feed", headers=lab.alice.headers).json()["url"]), None, None
+            return url_path(client.post("/api/v1/me/feed/rotate", headers=lab.alice.headers).json()["url"]), None, None
         if template == "/api/v1/feeds/hosts/{token}.ics":
-            return url_path(client.get("/api/v1/hosts/node-01/feed", headers=lab.alice.headers).json()["url"]), None, None
+            return url_path(client.post("/api/v1/hosts/node-01/feed/rotate", headers=lab.admin.headers).json()["url"]), None, None
         return template.format(**values), body, params
 
     group(client, lab.admin, "base", "bob")

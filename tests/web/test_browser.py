@@ -295,3 +295,34 @@ def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
             width = pg.evaluate("document.documentElement.scrollWidth")
             assert width <= viewport["width"], f"{name} scrolls sideways at {label} width ({width}px)"
         context.close()
+
+
+def test_every_page_runs_under_the_content_security_policy(chromium, live):
+    """D11: no page (nor its htmx requests) triggers a CSP violation in the console, and the
+    page cannot be framed."""
+    context = chromium.new_context(viewport=DESKTOP)
+    context.add_init_script("""window.__csp = [];
+        document.addEventListener("securitypolicyviolation", (e) => window.__csp.push(e.violatedDirective + " " + e.blockedURI));""")
+    pg = context.new_page()
+    pg.set_default_timeout(15_000)
+    console: list[str] = []
+    pg.on("console", lambda m: console.append(m.text))
+    pg.goto(live.url + "/login")
+    _sign_in(pg, live, "boss")
+    for name, path in PAGES + [("usage", "/reports/usage")]:
+        pg.goto(live.url + (path or f"/me/reservations/{live.reservation_id}"))
+        assert pg.locator("main h1").first.is_visible(), name
+        if name == "book":  # htmx: the device list and the posted availability check
+            pg.select_option("#host", "node-01")
+            pg.check(f'input[name="devices"][value="{UUIDS[1]}"]')
+            pg.wait_for_selector("#check >> text=Not free.")
+        assert pg.evaluate("window.__csp") == [], (name, pg.evaluate("window.__csp"))
+        assert "frame-ancestors 'none'" in pg.context.request.get(pg.url).headers["content-security-policy"]
+    violations = [m for m in console if "Content Security Policy" in m or "Refused to" in m]
+    assert violations == []
+    # framed by another site: refused (the frame stays empty)
+    pg.set_content(f'<iframe id="f" src="{live.url}/login"></iframe>')
+    pg.wait_for_timeout(1000)
+    frame = pg.frame_locator("#f")
+    assert frame.locator("form[action='/login']").count() == 0
+    context.close()

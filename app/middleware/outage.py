@@ -1,0 +1,106 @@
+"""The database away (stopped, unreachable, renamed or dropped) is a 503, not a 500.
+
+Connection-level errors of the driver reach the application as SQLAlchemy
+``OperationalError``/``InterfaceError`` (or a pool ``TimeoutError``). The handler installed
+here answers them with ``503`` and ``Retry-After``: problem details for the API, the HTML
+error page for pages. Transient busy errors (SQLite locked, PostgreSQL serialization or
+deadlock) keep the handler they had. The outage is logged once, when it starts; the engine's
+next successful new connection logs that it is over. Nothing needs a restart: the pool
+pre-pings and replaces dead connections by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from fastapi import FastAPI, Request
+from sqlalchemy import event
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from app.errors import problem_response
+
+log = logging.getLogger("gpuroster.db")
+
+OUTAGE_ERRORS = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
+
+
+class OutageLog:
+    """Logs a database outage once when it begins and once when it ends (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: float | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        """Record a failure; logs a warning only for the first failure of an outage."""
+        with self._lock:
+            if self.since is not None:
+                return
+            self.since = time.monotonic()
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        log.warning("database unavailable, answering 503 until it is back: %s: %s",
+                    exc.__class__.__name__, reason[0] if reason else "")
+
+    def recovered(self) -> None:
+        """Record a working connection; logs once when an outage ends."""
+        if self.since is None:
+            return
+        with self._lock:
+            if self.since is None:
+                return
+            seconds, self.since = time.monotonic() - self.since, None
+        log.warning("database reachable again after %.0f s", seconds)
+
+
+def _watch(app: FastAPI, outage: OutageLog) -> None:
+    engine = getattr(app.state, "engine", None)
+    if engine is None or getattr(engine, "_gpuroster_outage_watch", False):
+        return
+    engine._gpuroster_outage_watch = True
+
+    @event.listens_for(engine, "connect")
+    def _connected(_dbapi_conn, _record):
+        outage.recovered()
+
+
+def install_outage_handler(app: FastAPI) -> None:
+    """Answer database connection errors with 503 + ``Retry-After``
+    (``settings.db_retry_after_seconds``); keep the previous handler for busy errors."""
+    from app.db import is_retryable
+
+    outage = OutageLog()
+    app.state.db_outage = outage
+    previous = app.exception_handlers.get(OperationalError)
+    retry_after = str(app.state.settings.db_retry_after_seconds)
+
+    async def handler(request: Request, exc: Exception):
+        if previous is not None and isinstance(exc, OperationalError) and is_retryable(exc):
+            return await previous(request, exc)
+        _watch(request.app, outage)
+        outage.failed(exc)
+        headers = {"Retry-After": retry_after}
+        detail = "the database is unavailable; the service recovers by itself when it is back, retry shortly"
+        if _is_page(request):
+            from app.web import error_page
+
+            resp = await error_page(request, status=503, title="Service unavailable", detail=detail,
+                                    lookup_viewer=False)
+            resp.headers.update(headers)
+            return resp
+        doc = {"type": "/problems/database-unavailable", "title": "Service unavailable", "status": 503,
+               "detail": detail, "instance": request.url.path}
+        return problem_response(503, doc, headers)
+
+    for exc_type in OUTAGE_ERRORS:
+        app.add_exception_handler(exc_type, handler)
+
+
+def _is_page(request: Request) -> bool:
+    try:
+        from app.web import is_page_request
+    except ImportError:  # a build without pages
+        return False
+    return is_page_request(request)
