@@ -32,7 +32,6 @@ from app.models import (
     utcnow,
 )
 from app.schemas.reservation import ConflictRef, DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
-from app.services import hosts as host_service
 from app.timeutil import parse_instant
 
 # Slack for "past" checks: a request that says "start now" may arrive a little late.
@@ -117,17 +116,23 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
 
     Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
     """
+    devices = list(session.scalars(select(Device).where(Device.host_id == host.id, _refs_clause(refs))))
+    return _match_refs(host, refs, devices)
+
+
+def _refs_clause(refs: Sequence[str | int]):
+    """SQL predicate for the non-retired devices that ``refs`` (UUIDs or whole-GPU indices) may name."""
     texts = [str(r).strip() for r in refs]
     indices = [int(t) for t in texts if t.isdigit() and int(t) < 2**31]
-    devices = list(
-        session.scalars(
-            select(Device).where(
-                Device.host_id == host.id,
-                Device.retired_at.is_(None),
-                or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
-            )
-        )
+    return and_(
+        Device.retired_at.is_(None),
+        or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
     )
+
+
+def _match_refs(host: Host, refs: Sequence[str | int], devices: Sequence[Device]) -> list[Device]:
+    """``refs`` mapped onto ``devices`` of ``host`` (no I/O); raises InvalidInput as
+    :func:`resolve_devices` does."""
     by_uuid = {d.uuid: d for d in devices}
     by_index = {d.index: d for d in devices if d.parent_id is None and d.index is not None}
     out: list[Device] = []
@@ -149,6 +154,31 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
                 field="devices",
             )
     return out
+
+
+def resolve_bookable_devices(session: Session, *, host_name: str, refs: Sequence[str | int]) -> tuple[Host, list[Device]]:
+    """The host named ``host_name`` and its devices named by ``refs``, refused when reported
+    lost, read in one statement (host, devices and their health joined).
+
+    Raises NotFound (404, field ``host``), InvalidInput (422, field ``devices``) as
+    :func:`resolve_devices`, Conflict (409, field ``devices``) as :func:`_check_health`.
+    """
+    rows = session.execute(
+        select(Host, Device, DeviceTelemetry.health)
+        .select_from(Host)
+        .outerjoin(Device, and_(Device.host_id == Host.id, _refs_clause(refs)))
+        .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+        .where(Host.name == host_name)
+    ).all()
+    if not rows:
+        raise NotFound(f"host {host_name!r} not found", field="host")
+    host = rows[0][0]
+    devices = _match_refs(host, refs, [d for _h, d, _health in rows if d is not None])
+    lost = {d.id for _h, d, health in rows if d is not None and health == "lost"}
+    if lost:
+        names = ", ".join(d.uuid for d in devices if d.id in lost)
+        raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
+    return host, devices
 
 
 def _check_health(session: Session, devices: Iterable[Device]) -> None:
@@ -401,15 +431,14 @@ def create_reservation(
     if data.count is not None:
         from app.services import placement
 
+        # placement's candidates leave out devices reported lost: no health check needed
         host, devices, interval = placement.place(
             session, data=data, owner=owner, interval=interval, now=now
         )
     else:
         if not data.host:
             raise InvalidInput("host: required when 'devices' are given", field="host")
-        host = host_service.get_host(session, data.host)
-        devices = resolve_devices(session, host=host, refs=data.devices or [])
-    _check_health(session, devices)
+        host, devices = resolve_bookable_devices(session, host_name=data.host, refs=data.devices or [])
 
     rules_service.validate_reservation(
         session,
