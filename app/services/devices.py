@@ -18,12 +18,18 @@ STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
 
 def host_status(host: Host, now: datetime) -> tuple[str, float | None]:
     """(status, seconds since the last snapshot): never / stale / the agent's monitoring status."""
-    if host.last_seen_at is None:
+    return host_state(host.last_seen_at, host.interval_seconds, host.monitoring_status, now)
+
+
+def host_state(last_seen_at: datetime | None, interval_seconds: float | None, monitoring_status: str | None,
+               now: datetime) -> tuple[str, float | None]:
+    """:func:`host_status` from the host's columns (UTC instants, seconds)."""
+    if last_seen_at is None:
         return "never", None
-    age = (now - host.last_seen_at).total_seconds()
-    if age > STALE_INTERVALS * (host.interval_seconds or 5.0) + 5:
+    age = (now - last_seen_at).total_seconds()
+    if age > STALE_INTERVALS * (interval_seconds or 5.0) + 5:
         return "stale", age
-    return (host.monitoring_status or "ok"), age
+    return (monitoring_status or "ok"), age
 
 
 def host_read(host: Host, *, now: datetime, device_count: int) -> HostRead:
@@ -72,20 +78,33 @@ class DeviceView:
 
 
 def _device_status(v: DeviceView, host_state: str) -> str:
-    if v.device.retired_at is not None:
+    return device_status(
+        retired=v.device.retired_at is not None,
+        lost=v.telemetry is not None and v.telemetry.health == "lost",
+        host_state=host_state,
+        has_finding=bool(v.finding_pids),
+        computing=any(p.unix_user and p.type != "G" for p in v.processes),
+        held=v.holder is not None,
+    )
+
+
+def device_status(*, retired: bool, lost: bool, host_state: str, has_finding: bool, computing: bool, held: bool) -> str:
+    """A device's status for pages and the API, first match wins: retired, lost, stale
+    (host never seen or stale), monitoring-down, finding, in-use (a compute process of a
+    known user), reserved-idle, free."""
+    if retired:
         return "retired"
-    if v.telemetry is not None and v.telemetry.health == "lost":
+    if lost:
         return "lost"
     if host_state in ("stale", "never"):
         return "stale"
     if host_state in ("down", "misconfigured"):
         return "monitoring-down"
-    if v.finding_pids:
+    if has_finding:
         return "finding"
-    users = {p.unix_user for p in v.processes if p.unix_user and p.type != "G"}
-    if users:
+    if computing:
         return "in-use"
-    if v.holder is not None:
+    if held:
         return "reserved-idle"
     return "free"
 
