@@ -102,17 +102,18 @@ def main() -> None:
             devs, devs_size = timed(client, headers, args.requests, pages)
             metrics, metrics_size = timed(client, headers, args.requests, ["/metrics"])
             model_ms, plain_ms = service_paths(app.state.session_factory, args.requests)
-    print(f"service only, whole list: model-built view (the path before) p50 {pct(model_ms, 50):.1f} ms, "
-          f"plain rows p50 {pct(plain_ms, 50):.1f} ms = {pct(plain_ms, 50) / pct(model_ms, 50):.2f} x")
+    print(f"service only, whole list: model-built view (the path before) p50 {pct(model_ms, 50):.1f} ms "
+          f"(min {min(model_ms):.1f}), plain rows p50 {pct(plain_ms, 50):.1f} ms (min {min(plain_ms):.1f}) "
+          f"= {pct(plain_ms, 50) / pct(model_ms, 50):.2f} x")
     print(f"{args.hosts} hosts x {args.devices} GPUs = {n_dev} devices, SQLite (seeded in {seeded:.0f} s), "
           f"{args.requests} requests each, in-process ASGI")
-    print(f"  {'request':34s}{'p50 ms':>9}{'p99 ms':>9}{'KiB':>8}{'x baseline':>12}{'target ms':>11}")
+    print(f"  {'request':34s}{'min ms':>9}{'p50 ms':>9}{'p99 ms':>9}{'KiB':>8}{'x baseline':>12}{'target ms':>11}")
     b50 = pct(base, 50)
-    print(f"  {'GET /api/v1/me (baseline)':34s}{b50:9.1f}{pct(base, 99):9.1f}{'':>8}{1.0:12.1f}{'':>11}")
+    print(f"  {'GET /api/v1/me (baseline)':34s}{min(base):9.1f}{b50:9.1f}{pct(base, 99):9.1f}{'':>8}{1.0:12.1f}{'':>11}")
     for label, values, size in ((f"GET /api/v1/devices ({len(pages)} pages)", devs, devs_size),
                                 ("GET /metrics", metrics, metrics_size)):
         p50 = pct(values, 50)
-        print(f"  {label:34s}{p50:9.1f}{pct(values, 99):9.1f}{size / 1024:8.0f}{p50 / b50:12.1f}{TARGET_MS:11.0f}"
+        print(f"  {label:34s}{min(values):9.1f}{p50:9.1f}{pct(values, 99):9.1f}{size / 1024:8.0f}{p50 / b50:12.1f}{TARGET_MS:11.0f}"
               f"   {'meets' if p50 <= TARGET_MS else 'misses'} the target ({p50 / TARGET_MS:.2f} x)")
 
 
