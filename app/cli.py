@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.config import Settings, get_settings
+if TYPE_CHECKING:
+    from app.config import Settings
+
+
+def get_settings() -> Settings:
+    """The server's settings (``GPUROSTER_*``), imported on first use: pydantic-settings
+    costs more to import than a member's command takes to run, and only the server
+    commands need it."""
+    from app.config import get_settings as load
+
+    return load()
 
 cli = typer.Typer(
     name="gpuroster",
