@@ -53,7 +53,7 @@ def migrate() -> None:
 def serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
-    workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes (SQLite: keep 1, see docs/deploy.md)")] = 1,
     no_migrate: Annotated[bool, typer.Option("--no-migrate", help="skip applying migrations")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
@@ -61,6 +61,9 @@ def serve(
     import uvicorn
 
     settings = get_settings()
+    note = sqlite_workers_note(settings.sqlalchemy_url, workers)
+    if note:
+        typer.echo(note, err=True)
     if not no_migrate:
         from app.migrate import upgrade
 
@@ -69,6 +72,21 @@ def serve(
         "app.main:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
         proxy_headers=True, forwarded_allow_ips="127.0.0.1", timeout_keep_alive=65,
     )
+
+
+def sqlite_workers_note(url: str, workers: int) -> str | None:
+    """A warning for ``serve --workers N>1`` on SQLite, else ``None``.
+
+    SQLite has one writer per database file. One process queues its writers on an in-process
+    lock and hands the file lock straight on; several processes wait for it through SQLite's
+    busy handler, which sleeps in steps of up to 100 ms, so booking latency at a few clients
+    rises several-fold (see bench/booking.py --workers) while CPU is rarely what SQLite
+    deployments lack. Hence the default of 1, and this note when more are asked for.
+    """
+    if workers <= 1 or not url.startswith("sqlite"):
+        return None
+    return (f"note: {workers} workers on SQLite contend for its single write lock; 1 worker gives lower "
+            "latency for writes (bookings, agent snapshots). Use PostgreSQL to run several processes.")
 
 
 DEMO_SOURCES = ("auto", "nvml", "replay")
