@@ -26,7 +26,7 @@ from datetime import datetime
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from app.models import (
@@ -62,9 +62,10 @@ def record_conflict(session: Session, *, path: str, conflicts: list[int], detail
     return row
 
 
-def device_index_label(device: Device, parents: dict[int, Device]) -> str:
+def device_index_label(device: Device | Row, parents: dict[int, Device | Row]) -> str:
     """The ``index`` label: NVML index of a whole GPU (``"0"``); for a MIG instance the
-    parent's index and the GPU-instance id (``"0/3"``)."""
+    parent's index and the GPU-instance id (``"0/3"``). Takes devices or rows of their
+    columns (``parent_id``, ``index``, ``gpu_instance_id``)."""
     if device.parent_id is None:
         return "" if device.index is None else str(device.index)
     parent = parents.get(device.parent_id)
@@ -189,18 +190,23 @@ class DatabaseCollector:
         yield host_age
 
         # Devices in their host's latest snapshot: telemetry written by that very snapshot.
+        # Plain rows (named like the model attributes), not ORM objects: a large lab has
+        # thousands of devices and the scrape reads each once.
+        dev_cols = (Device.id, Device.uuid, Device.host_id, Device.index, Device.name, Device.parent_id,
+                    Device.gpu_instance_id, Device.memory_total_mib)
         rows = s.execute(
-            select(Device, DeviceTelemetry)
+            select(*dev_cols, DeviceTelemetry.utilization_gpu, DeviceTelemetry.memory_used_mib,
+                   DeviceTelemetry.temperature_c, DeviceTelemetry.power_draw_w)
             .join(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
             .join(Host, Host.id == Device.host_id)
             .where(Device.retired_at.is_(None), DeviceTelemetry.collected_at == Host.last_collected_at)
         ).all()
-        rows = [(d, t) for d, t in rows if d.host_id in up_hosts]
+        rows = [(r, r) for r in rows if r.host_id in up_hosts]
         devices = {d.id: d for d, _ in rows}
         missing_parents = {d.parent_id for d in devices.values() if d.parent_id and d.parent_id not in devices}
         parents = dict(devices)
         if missing_parents:
-            parents.update({d.id: d for d in s.scalars(select(Device).where(Device.id.in_(missing_parents)))})
+            parents.update({d.id: d for d in s.execute(select(*dev_cols).where(Device.id.in_(missing_parents)))})
         holders = self._holders(list(devices), {d.id: d.parent_id for d in devices.values()})
 
         util = TextGauge("gpuroster_device_utilization_percent", "GPU utilization, percent (0-100)", DEVICE_LABELS)

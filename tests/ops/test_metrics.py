@@ -203,3 +203,19 @@ def test_text_gauge_writes_what_prometheus_client_writes():
     assert ours.text().encode() == generate_latest(_Families([theirs]))
     empty = TextGauge("gpuroster_y", "nothing", labels)
     assert empty.text().encode() == generate_latest(_Families([GaugeMetricFamily("gpuroster_y", "nothing", labels=labels)]))
+
+
+def test_mig_instances_are_labelled_parent_index_slash_gpu_instance(client, lab, make_host):
+    mig = make_host("node-09")
+    parent = "GPU-99999999-0000-0000-0000-000000000009"
+    devices = [
+        gpu(parent, 3, mig_mode=True, **telemetry()),
+        {"uuid": "MIG-11111111-0000-0000-0000-000000000009", "index": 0, "parent_uuid": parent, "mig_profile": "3g.40gb",
+         "gpu_instance_id": 2, "memory_total_mib": 40192.0, **telemetry(utilization_gpu=None)},
+    ]
+    r = client.post("/api/v1/agent/snapshots", headers=mig.headers, json=snapshot_body("node-09", 1, devices))
+    assert r.status_code == 200, r.text
+    mem = by_uuid(scrape(client), "gpuroster_device_memory_total_bytes")
+    assert mem[parent][0]["index"] == "3"
+    assert mem["MIG-11111111-0000-0000-0000-000000000009"][0]["index"] == "3/2"
+    assert mem["MIG-11111111-0000-0000-0000-000000000009"][1] == 40192.0 * MIB
