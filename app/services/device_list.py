@@ -33,7 +33,7 @@ _PROCESS = ("pid", "type", "used_memory_mib", "unix_user", "uid", "command", "na
 def device_list(session: Session, *, now: datetime, host: str | None = None) -> list[dict[str, Any]]:
     """Non-retired devices (all, or of ``host``) as ``DeviceRead``-shaped dicts, ordered by
     host name and index (MIG instances after their GPU); ``now`` (UTC) decides holders and
-    staleness. Five statements whatever the number of devices."""
+    staleness. Five statements up to 5,000 devices (two more per further 5,000)."""
     ids = select(Device.id).where(Device.retired_at.is_(None))
     if host:
         ids = ids.join(Host, Host.id == Device.host_id).where(Host.name == host)
@@ -56,13 +56,18 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
         .where(DeviceProcess.device_id.in_(ids)).order_by(DeviceProcess.pid)
     ):
         procs[row[0]].append(dict(zip(_PROCESS, row[1:], strict=True)))
+    # Findings and reservations grow with history: look them up by explicit device ids (in
+    # chunks, under SQLite's bound-parameter limit) so the planner walks their device
+    # indexes; with a subquery PostgreSQL scanned the whole table.
+    dev_ids = [d[0] for d in devices]
     findings: dict[int, dict[int, str]] = defaultdict(dict)
-    for dev_id, pid, kind in session.execute(
-        select(Finding.device_id, Finding.pid, Finding.kind)
-        .where(Finding.device_id.in_(ids), Finding.state.in_(("open", "notified")), Finding.pid.is_not(None))
-        .order_by(Finding.id)
-    ):
-        findings[dev_id][pid] = kind
+    for chunk in _chunks(dev_ids):
+        for dev_id, pid, kind in session.execute(
+            select(Finding.device_id, Finding.pid, Finding.kind)
+            .where(Finding.device_id.in_(chunk), Finding.state.in_(("open", "notified")), Finding.pid.is_not(None))
+            .order_by(Finding.id)
+        ):
+            findings[dev_id][pid] = kind
 
     # current holder and next reservation (MIG: a whole-GPU reservation holds its slices,
     # a slice's holder keeps the whole GPU from being free), as app.services.devices does
@@ -71,15 +76,21 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
         if d[6] is not None:
             slices[d[6]].append(d[0])
     by_dev: dict[int, list[tuple]] = defaultdict(list)
-    for dev_id, phys_id, kind, rid, start, end, user in session.execute(
-        select(ReservationDevice.device_id, ReservationDevice.physical_id, ReservationDevice.slice_kind,
-               Reservation.id, Reservation.start_at, Reservation.end_at, User.username)
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .join(User, User.id == Reservation.user_id)
-        .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > now,
-               ReservationDevice.device_id.in_(ids) | ReservationDevice.physical_id.in_(ids))
-        .order_by(ReservationDevice.start_at)
-    ):
+    held = []
+    for chunk in _chunks(dev_ids):
+        held += session.execute(
+            select(ReservationDevice.id, ReservationDevice.device_id, ReservationDevice.physical_id,
+                   ReservationDevice.slice_kind, Reservation.id, Reservation.start_at, Reservation.end_at, User.username)
+            .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
+            .join(User, User.id == Reservation.user_id)
+            .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > now,
+                   ReservationDevice.device_id.in_(chunk) | ReservationDevice.physical_id.in_(chunk))
+        ).all()
+    seen: set[int] = set()
+    for item_id, dev_id, phys_id, kind, rid, start, end, user in sorted(held, key=lambda h: (h[5], h[0])):
+        if item_id in seen:  # matched in two chunks (device in one, its GPU in another)
+            continue
+        seen.add(item_id)
         r = (start, rid, end, user)
         by_dev[dev_id].append(r)
         if kind == 0:
@@ -123,6 +134,10 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
         }))
     out.sort(key=lambda x: x[0])
     return [d for _k, d in out]
+
+
+def _chunks(ids: list[int], size: int = 5000) -> list[list[int]]:
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
 def to_json_bytes(items: list[dict[str, Any]]) -> bytes:
