@@ -6,12 +6,24 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from app.client import commands as client_commands
-from app.config import Settings, get_settings
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+
+def get_settings() -> Settings:
+    """The server's settings (``GPUROSTER_*``), imported on first use: pydantic-settings
+    costs more to import than a member's command takes to run, and only the server
+    commands need it."""
+    from app.config import get_settings as load
+
+    return load()
+
 
 cli = typer.Typer(
     name="gpuroster",
@@ -44,7 +56,7 @@ def migrate() -> None:
 def serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
-    workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes (SQLite: keep 1, see docs/deploy.md)")] = 1,
     no_migrate: Annotated[bool, typer.Option("--no-migrate", help="skip applying migrations")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
@@ -52,6 +64,9 @@ def serve(
     import uvicorn
 
     settings = get_settings()
+    note = sqlite_workers_note(settings.sqlalchemy_url, workers)
+    if note:
+        typer.echo(note, err=True)
     if not no_migrate:
         from app.migrate import upgrade
 
@@ -61,6 +76,21 @@ def serve(
         # the app believes X-Forwarded-* only from GPUROSTER_TRUSTED_PROXIES (app.main), never uvicorn's default
         proxy_headers=False, timeout_keep_alive=65,
     )
+
+
+def sqlite_workers_note(url: str, workers: int) -> str | None:
+    """A warning for ``serve --workers N>1`` on SQLite, else ``None``.
+
+    SQLite has one writer per database file. One process queues its writers on an in-process
+    lock and hands the file lock straight on; several processes wait for it through SQLite's
+    busy handler, which sleeps in steps of up to 100 ms, so booking latency at a few clients
+    rises several-fold (see bench/booking.py --workers) while CPU is rarely what SQLite
+    deployments lack. Hence the default of 1, and this note when more are asked for.
+    """
+    if workers <= 1 or not url.startswith("sqlite"):
+        return None
+    return (f"note: {workers} workers on SQLite contend for its single write lock; 1 worker gives lower "
+            "latency for writes (bookings, agent snapshots). Use PostgreSQL to run several processes.")
 
 
 DEMO_SOURCES = ("auto", "nvml", "replay")

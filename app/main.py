@@ -75,6 +75,27 @@ class _TooLarge(StarletteHTTPException):
         super().__init__(413, f"request body exceeds {max_bytes} bytes")
 
 
+# API tokens' last use is written this often (seconds), apart from the requests that note it.
+TOKEN_USAGE_FLUSH_SECONDS = 30.0
+
+
+async def _flush_token_usage(app: FastAPI) -> None:
+    """Write the noted API-token uses in their own short transaction, taking this process's
+    SQLite write turn like a write request (so it never contends with one in the process)."""
+    gate = app.state.write_gate
+    if gate is None:
+        await asyncio.to_thread(app.state.token_usage.flush, app.state.session_factory)
+        return
+    async with gate:
+        await asyncio.to_thread(app.state.token_usage.flush, app.state.session_factory)
+
+
+async def _flush_token_usage_every(app: FastAPI, seconds: float) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        await _flush_token_usage(app)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The application. ``settings`` default to the environment (``GPUROSTER_*``)."""
     settings = settings or get_settings()
@@ -85,9 +106,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.session_factory = build_session_factory(engine)
         app.state.write_gate = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        from app.services.token_usage import TokenUsage
+
+        app.state.token_usage = TokenUsage()
+        flusher = asyncio.create_task(_flush_token_usage_every(app, TOKEN_USAGE_FLUSH_SECONDS))
         try:
             yield
         finally:
+            flusher.cancel()
+            await _flush_token_usage(app)
             engine.dispose()
 
     app = FastAPI(

@@ -96,7 +96,7 @@ def _user_from_request(request: Request, session: Session) -> User | None:
     if token is not None:
         if token.startswith(HOST_TOKEN_PREFIX):
             raise Forbidden("host tokens reach only the agent endpoints")
-        return user_service.user_for_token(session, token)
+        return user_service.user_for_token(session, token, usage=getattr(request.app.state, "token_usage", None))
     resolver = getattr(request.app.state, "cookie_user_resolver", None)
     if resolver is not None:
         return resolver(request, session)

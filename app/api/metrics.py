@@ -2,9 +2,9 @@
 
 Mounted at the root (``/metrics``), unauthenticated like ``/healthz`` unless
 ``GPUROSTER_METRICS_TOKEN`` is set (then a bearer token, :mod:`app.api.metrics_auth`):
-keep it on the internal network or behind the reverse proxy (see docs/deploy.md). Each scrape gets a fresh
-registry holding one :class:`~app.services.metrics.DatabaseCollector` over the request's
-session, so every worker and replica answers from the same database state.
+keep it on the internal network or behind the reverse proxy (see docs/deploy.md). Each scrape renders one
+:class:`~app.services.metrics.DatabaseCollector` over the request's session, so every
+worker and replica answers from the same database state.
 
 :func:`install` also records refused bookings (409 reservation conflicts) for the
 ``gpuroster_reservation_conflicts_total`` counter: the request's transaction is rolled back
@@ -18,7 +18,7 @@ import inspect
 import logging
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep
@@ -36,9 +36,7 @@ router = APIRouter(tags=["ops"])
 @router.get("/metrics", include_in_schema=False, response_class=Response, dependencies=[Depends(require_metrics_token)])
 def metrics(session: SessionDep) -> Response:
     """Per-device gauges, per-host freshness and row-count counters in Prometheus text format."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics_service.DatabaseCollector(session, now=utcnow()))
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics_service.DatabaseCollector(session, now=utcnow()).exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _conflict_ids(exc: ReservationConflict) -> list[int]:

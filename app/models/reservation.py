@@ -63,6 +63,7 @@ class Reservation(Base):
         CheckConstraint("end_at > start_at", name="interval"),
         CheckConstraint("status IN ('confirmed', 'cancelled', 'released')", name="status"),
         Index("ix_reservations_host_id_end_at", "host_id", "end_at"),
+        Index("ix_reservations_user_id_end_at", "user_id", "end_at"),  # quota counting
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

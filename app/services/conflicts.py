@@ -13,7 +13,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from app.errors import Conflict, InvalidInput, ReservationConflict
+from app.errors import Conflict, InvalidInput, NotFound, ReservationConflict
 from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
 from app.schemas.reservation import ConflictRef
 
@@ -40,17 +40,23 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
 
     Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
     """
+    devices = list(session.scalars(select(Device).where(Device.host_id == host.id, _refs_clause(refs))))
+    return _match_refs(host, refs, devices)
+
+
+def _refs_clause(refs: Sequence[str | int]):
+    """SQL predicate for the non-retired devices that ``refs`` (UUIDs or whole-GPU indices) may name."""
     texts = [str(r).strip() for r in refs]
     indices = [int(t) for t in texts if t.isdigit() and int(t) < 2**31]
-    devices = list(
-        session.scalars(
-            select(Device).where(
-                Device.host_id == host.id,
-                Device.retired_at.is_(None),
-                or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
-            )
-        )
+    return and_(
+        Device.retired_at.is_(None),
+        or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
     )
+
+
+def _match_refs(host: Host, refs: Sequence[str | int], devices: Sequence[Device]) -> list[Device]:
+    """``refs`` mapped onto ``devices`` of ``host`` (no I/O); raises InvalidInput as
+    :func:`resolve_devices` does."""
     by_uuid = {d.uuid: d for d in devices}
     by_index = {d.index: d for d in devices if d.parent_id is None and d.index is not None}
     out: list[Device] = []
@@ -72,6 +78,31 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
                 field="devices",
             )
     return out
+
+
+def resolve_bookable_devices(session: Session, *, host_name: str, refs: Sequence[str | int]) -> tuple[Host, list[Device]]:
+    """The host named ``host_name`` and its devices named by ``refs``, refused when reported
+    lost, read in one statement (host, devices and their health joined).
+
+    Raises NotFound (404, field ``host``), InvalidInput (422, field ``devices``) as
+    :func:`resolve_devices`, Conflict (409, field ``devices``) as :func:`check_health`.
+    """
+    rows = session.execute(
+        select(Host, Device, DeviceTelemetry.health)
+        .select_from(Host)
+        .outerjoin(Device, and_(Device.host_id == Host.id, _refs_clause(refs)))
+        .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+        .where(Host.name == host_name)
+    ).all()
+    if not rows:
+        raise NotFound(f"host {host_name!r} not found", field="host")
+    host = rows[0][0]
+    devices = _match_refs(host, refs, [d for _h, d, _health in rows if d is not None])
+    lost = {d.id for _h, d, health in rows if d is not None and health == "lost"}
+    if lost:
+        names = ", ".join(d.uuid for d in devices if d.id in lost)
+        raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
+    return host, devices
 
 
 def check_health(session: Session, devices: Iterable[Device]) -> None:

@@ -21,12 +21,18 @@ CLOCK_TROUBLE_SHOWN = timedelta(days=1)  # an implausible collected_at stays on 
 
 def host_status(host: Host, now: datetime) -> tuple[str, float | None]:
     """(status, seconds since the last snapshot): never / stale / the agent's monitoring status."""
-    if host.last_seen_at is None:
+    return host_state(host.last_seen_at, host.interval_seconds, host.monitoring_status, now)
+
+
+def host_state(last_seen_at: datetime | None, interval_seconds: float | None, monitoring_status: str | None,
+               now: datetime) -> tuple[str, float | None]:
+    """:func:`host_status` from the host's columns (UTC instants, seconds)."""
+    if last_seen_at is None:
         return "never", None
-    age = (now - host.last_seen_at).total_seconds()
-    if age > STALE_INTERVALS * (host.interval_seconds or 5.0) + 5:
+    age = (now - last_seen_at).total_seconds()
+    if age > STALE_INTERVALS * (interval_seconds or 5.0) + 5:
         return "stale", age
-    return (host.monitoring_status or "ok"), age
+    return (monitoring_status or "ok"), age
 
 
 def host_read(host: Host, *, now: datetime, device_count: int) -> HostRead:
@@ -77,37 +83,63 @@ class DeviceView:
     uid_names: dict[int, str] = field(default_factory=dict)
 
     def owner_label(self, p: DeviceProcess) -> str:
-        """Who ``p`` is shown as: its user; a uid without a passwd entry on the host through the
-        users' Unix uids; or the state of an owner nobody can name."""
-        if p.owner_status == "uid_only":
-            name = self.uid_names.get(p.uid) if p.uid is not None else None
-            return f"{name} (uid {p.uid})" if name else f"uid {p.uid}, unknown to gpuroster"
-        if p.owner_status == "unattributed":
-            return "unattributed container"
-        return p.unix_user or "unknown"
+        """Who ``p`` is shown as (see :func:`owner_label`)."""
+        return owner_label(p.unix_user, p.owner_status, p.uid, self.uid_names)
+
+
+def owner_label(unix_user: str | None, owner_status: str | None, uid: int | None, uid_names: dict[int, str]) -> str:
+    """Who a process is shown as: its user; a uid without a passwd entry on the host through the
+    users' Unix uids (``uid_names``: uid -> username); or the state of an owner nobody can name."""
+    if owner_status == "uid_only":
+        name = uid_names.get(uid) if uid is not None else None
+        return f"{name} (uid {uid})" if name else f"uid {uid}, unknown to gpuroster"
+    if owner_status == "unattributed":
+        return "unattributed container"
+    return unix_user or "unknown"
 
 
 def _device_status(v: DeviceView, host_state: str) -> str:
-    if v.device.retired_at is not None:
+    return device_status(
+        retired=v.device.retired_at is not None,
+        lost=v.telemetry is not None and v.telemetry.health == "lost",
+        host_state=host_state,
+        has_finding=bool(v.finding_pids),
+        computing=any(process_occupies(p.unix_user, p.owner_status, p.type) for p in v.processes),
+        held=v.holder is not None,
+        process_data=v.telemetry.process_data if v.telemetry is not None else "ok",
+    )
+
+
+def process_occupies(unix_user: str | None, owner_status: str | None, type_: str | None) -> bool:
+    """Whether a listed process makes its device "in use": a compute process of a known user,
+    or one whose owner nobody can name (a uid without a user, an unattributed container)."""
+    return type_ != "G" and (bool(unix_user) or owner_status in ("uid_only", "unattributed"))
+
+
+def device_status(*, retired: bool, lost: bool, host_state: str, has_finding: bool, computing: bool, held: bool,
+                  process_data: str = "ok") -> str:
+    """A device's status for pages and the API, first match wins: retired, lost, stale
+    (host never seen or stale), monitoring-down, occupied-unlisted (memory held by a process
+    NVML does not list, or a defunct one: never "free"), unreliable (the process list
+    disagrees with the memory figures), finding, in-use (a compute process, also one whose
+    owner nobody can name), reserved-idle, free."""
+    if retired:
         return "retired"
-    if v.telemetry is not None and v.telemetry.health == "lost":
+    if lost:
         return "lost"
     if host_state in ("stale", "never"):
         return "stale"
     if host_state in ("down", "misconfigured"):
         return "monitoring-down"
-    data = v.telemetry.process_data if v.telemetry is not None else "ok"
-    if data in ("unlisted", "defunct"):
+    if process_data in ("unlisted", "defunct"):
         return "occupied-unlisted"  # memory in use by a process NVML does not list: never "free"
-    if data == "unreliable":
+    if process_data == "unreliable":
         return "unreliable"
-    if v.finding_pids:
+    if has_finding:
         return "finding"
-    users = {p.unix_user for p in v.processes if p.unix_user and p.type != "G"}
-    # a process nobody can name still occupies the device
-    if users or any(p.owner_status in ("uid_only", "unattributed") and p.type != "G" for p in v.processes):
+    if computing:
         return "in-use"
-    if v.holder is not None:
+    if held:
         return "reserved-idle"
     return "free"
 

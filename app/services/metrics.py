@@ -23,8 +23,10 @@ from collections import defaultdict
 from collections.abc import Iterator
 from datetime import datetime
 
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from sqlalchemy import func, select
+from prometheus_client.utils import floatToGoString
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from app.models import (
@@ -60,15 +62,60 @@ def record_conflict(session: Session, *, path: str, conflicts: list[int], detail
     return row
 
 
-def device_index_label(device: Device, parents: dict[int, Device]) -> str:
+def device_index_label(device: Device | Row, parents: dict[int, Device | Row]) -> str:
     """The ``index`` label: NVML index of a whole GPU (``"0"``); for a MIG instance the
-    parent's index and the GPU-instance id (``"0/3"``)."""
+    parent's index and the GPU-instance id (``"0/3"``). Takes devices or rows of their
+    columns (``parent_id``, ``index``, ``gpu_instance_id``)."""
     if device.parent_id is None:
         return "" if device.index is None else str(device.index)
     parent = parents.get(device.parent_id)
     p = "" if parent is None or parent.index is None else str(parent.index)
     gi = device.gpu_instance_id if device.gpu_instance_id is not None else device.index
     return f"{p}/{'' if gi is None else gi}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+class TextGauge:
+    """A gauge family written straight in the text exposition format, for the per-device and
+    per-process families of a large lab (tens of thousands of samples).
+
+    prometheus_client validates and builds a ``Sample`` per ``add_metric`` and formats each
+    sample again at exposition; for 8,000 devices that was most of a scrape. The lines are
+    the ones ``generate_latest`` writes (same escaping, same number format: the library's
+    ``floatToGoString``); :meth:`DatabaseCollector.exposition` puts them in order.
+    """
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        # the exposition lists labels sorted by name
+        self._order = sorted(range(len(labels)), key=lambda i: labels[i])
+        self._prefixes = [f'{labels[i]}="' for i in self._order]
+        self._lines: list[str] = []
+
+    def add_metric(self, labels: tuple[str, ...], value: float) -> None:
+        """One sample: label values in the order of ``labels``, the value as a float."""
+        if len(labels) != len(self._order):
+            raise ValueError(f"{self.name}: {len(self._order)} label values expected, got {len(labels)}")
+        pairs = ",".join(p + _escape(labels[i]) + '"' for p, i in zip(self._prefixes, self._order, strict=True))
+        self._lines.append(f"{self.name}{{{pairs}}} {floatToGoString(value)}\n")
+
+    def text(self) -> str:
+        doc = self.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        return f"# HELP {self.name} {doc}\n# TYPE {self.name} gauge\n" + "".join(self._lines)
+
+
+class _Families:
+    """The registry protocol (``collect()``) over given families, for ``generate_latest``."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
 
 
 class DatabaseCollector:
@@ -105,6 +152,24 @@ class DatabaseCollector:
                 out[dev_id] = direct[parent_of[dev_id]]  # type: ignore[index]
         return out
 
+    def exposition(self) -> bytes:
+        """The scrape in the Prometheus text format (``CONTENT_TYPE_LATEST``): the families of
+        :meth:`collect` in order, :class:`TextGauge` ones as written, the others through
+        ``prometheus_client.generate_latest``."""
+        parts: list[bytes] = []
+        pending: list[Metric] = []
+        for fam in self.collect():
+            if isinstance(fam, TextGauge):
+                if pending:
+                    parts.append(generate_latest(_Families(pending)))  # type: ignore[arg-type]
+                    pending = []
+                parts.append(fam.text().encode())
+            else:
+                pending.append(fam)
+        if pending:
+            parts.append(generate_latest(_Families(pending)))  # type: ignore[arg-type]
+        return b"".join(parts)
+
     # -- the collector protocol ------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
@@ -130,25 +195,30 @@ class DatabaseCollector:
         yield host_clock
 
         # Devices in their host's latest snapshot: telemetry written by that very snapshot.
+        # Plain rows (named like the model attributes), not ORM objects: a large lab has
+        # thousands of devices and the scrape reads each once.
+        dev_cols = (Device.id, Device.uuid, Device.host_id, Device.index, Device.name, Device.parent_id,
+                    Device.gpu_instance_id, Device.memory_total_mib)
         rows = s.execute(
-            select(Device, DeviceTelemetry)
+            select(*dev_cols, DeviceTelemetry.utilization_gpu, DeviceTelemetry.memory_used_mib,
+                   DeviceTelemetry.temperature_c, DeviceTelemetry.power_draw_w)
             .join(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
             .join(Host, Host.id == Device.host_id)
             .where(Device.retired_at.is_(None), DeviceTelemetry.collected_at == Host.last_collected_at)
         ).all()
-        rows = [(d, t) for d, t in rows if d.host_id in up_hosts]
+        rows = [(r, r) for r in rows if r.host_id in up_hosts]
         devices = {d.id: d for d, _ in rows}
         missing_parents = {d.parent_id for d in devices.values() if d.parent_id and d.parent_id not in devices}
         parents = dict(devices)
         if missing_parents:
-            parents.update({d.id: d for d in s.scalars(select(Device).where(Device.id.in_(missing_parents)))})
+            parents.update({d.id: d for d in s.execute(select(*dev_cols).where(Device.id.in_(missing_parents)))})
         holders = self._holders(list(devices), {d.id: d.parent_id for d in devices.values()})
 
-        util = GaugeMetricFamily("gpuroster_device_utilization_percent", "GPU utilization, percent (0-100)", labels=DEVICE_LABELS)
-        mem_used = GaugeMetricFamily("gpuroster_device_memory_used_bytes", "device memory in use, bytes", labels=DEVICE_LABELS)
-        mem_total = GaugeMetricFamily("gpuroster_device_memory_total_bytes", "device memory, bytes", labels=DEVICE_LABELS)
-        temp = GaugeMetricFamily("gpuroster_device_temperature_celsius", "GPU temperature, degrees Celsius", labels=DEVICE_LABELS)
-        power = GaugeMetricFamily("gpuroster_device_power_watts", "power draw, watts", labels=DEVICE_LABELS)
+        util = TextGauge("gpuroster_device_utilization_percent", "GPU utilization, percent (0-100)", DEVICE_LABELS)
+        mem_used = TextGauge("gpuroster_device_memory_used_bytes", "device memory in use, bytes", DEVICE_LABELS)
+        mem_total = TextGauge("gpuroster_device_memory_total_bytes", "device memory, bytes", DEVICE_LABELS)
+        temp = TextGauge("gpuroster_device_temperature_celsius", "GPU temperature, degrees Celsius", DEVICE_LABELS)
+        power = TextGauge("gpuroster_device_power_watts", "power draw, watts", DEVICE_LABELS)
         for d, t in sorted(rows, key=lambda r: (hosts[r[0].host_id].name, r[0].uuid)):
             labels = (hosts[d.host_id].name, device_index_label(d, parents), d.uuid, d.name or "", holders.get(d.id, ""))
             if t.utilization_gpu is not None:
@@ -163,9 +233,9 @@ class DatabaseCollector:
                 power.add_metric(labels, t.power_draw_w)
         yield from (util, mem_used, mem_total, temp, power)
 
-        proc_mem = GaugeMetricFamily("gpuroster_process_memory_used_bytes",
+        proc_mem = TextGauge("gpuroster_process_memory_used_bytes",
                                      "device memory used by a process in its host's latest snapshot, bytes",
-                                     labels=PROCESS_LABELS)
+                                     PROCESS_LABELS)
         if devices:
             procs = s.execute(
                 select(DeviceProcess.device_id, DeviceProcess.pid, DeviceProcess.unix_user, DeviceProcess.name,
@@ -209,4 +279,4 @@ class DatabaseCollector:
         yield open_f
 
 
-__all__ = ["CONFLICT_ACTION", "DatabaseCollector", "device_index_label", "record_conflict"]
+__all__ = ["CONFLICT_ACTION", "DatabaseCollector", "TextGauge", "device_index_label", "record_conflict"]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from app.errors import InvalidInput
 from app.models import Device, DeviceProcess, DeviceTelemetry, Host, ReservationDevice, User
@@ -119,8 +119,8 @@ def _merge(intervals: list[tuple[datetime, datetime]]) -> tuple[list[datetime], 
     return starts, ends
 
 
-def _busy_rank(t: DeviceTelemetry | None, procs: list[DeviceProcess]) -> int:
-    if any(p.type != "G" for p in procs):
+def _busy_rank(t: DeviceTelemetry | None, computing: bool) -> int:
+    if computing:
         return 2
     if t is None:
         return 1
@@ -132,26 +132,32 @@ def _busy_rank(t: DeviceTelemetry | None, procs: list[DeviceProcess]) -> int:
 
 
 def candidates(session: Session, *, req: Request, after: datetime) -> list[Candidate]:
-    """Devices matching ``req`` with their busy intervals ending after ``after``."""
+    """Devices matching ``req`` with their busy intervals ending after ``after``.
+
+    Two statements: the whole GPUs with their host, telemetry and whether a compute process
+    runs on them (GPUs split into MIG instances left out in SQL), then the busy intervals of
+    the candidates only.
+    """
+    child = aliased(Device)
+    computing = (
+        select(DeviceProcess.id)
+        .where(DeviceProcess.device_id == Device.id, DeviceProcess.type != "G")
+        .exists()
+        .label("computing")
+    )
     q = (
-        select(Device, Host)
+        select(Device, Host, DeviceTelemetry, computing)
         .join(Host, Host.id == Device.host_id)
-        .where(Device.retired_at.is_(None), Device.parent_id.is_(None), Device.is_open.is_(False))
+        .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+        .where(Device.retired_at.is_(None), Device.parent_id.is_(None), Device.is_open.is_(False),
+               ~select(child.id).where(child.parent_id == Device.id).exists())
     )
     if req.host:
         q = q.where(Host.name == req.host)
     rows = list(session.execute(q).all())
-    parents = set(session.scalars(select(Device.parent_id).where(Device.parent_id.is_not(None))))
-    ids = [d.id for d, _h in rows]
-    tele = {t.device_id: t for t in session.scalars(select(DeviceTelemetry).where(DeviceTelemetry.device_id.in_(ids)))} if ids else {}
-    procs: dict[int, list[DeviceProcess]] = defaultdict(list)
-    if ids:
-        for p in session.scalars(select(DeviceProcess).where(DeviceProcess.device_id.in_(ids))):
-            procs[p.device_id].append(p)
     out: list[Candidate] = []
-    for d, h in rows:
-        t = tele.get(d.id)
-        if d.mig_mode or d.id in parents:
+    for d, h, t, busy_now in rows:
+        if d.mig_mode:
             continue
         if t is not None and t.health == "lost":
             continue
@@ -163,7 +169,7 @@ def candidates(session: Session, *, req: Request, after: datetime) -> list[Candi
             continue
         if req.min_memory_mib is not None and (d.memory_total_mib is None or d.memory_total_mib < req.min_memory_mib):
             continue
-        out.append(Candidate(device=d, host=h, busy_rank=_busy_rank(t, procs.get(d.id, []))))
+        out.append(Candidate(device=d, host=h, busy_rank=_busy_rank(t, bool(busy_now))))
     if not out:
         return out
     busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)

@@ -23,12 +23,18 @@ def owner_rows(
     session: Session, *, owner_id: int, start: datetime, end: datetime, exclude_id: int | None
 ) -> list[tuple[int, datetime, datetime]]:
     """(reservation id, start, end) per reserved device of the owner's active reservations
-    overlapping ``[start, end)``."""
+    overlapping ``[start, end)``.
+
+    A reserved device's interval is always its reservation's (set together on create,
+    change and release), so the reservation's own ``end_at`` bounds the read too: it lets
+    the ``(user_id, end_at)`` index skip the owner's past history.
+    """
     q = (
         select(ReservationDevice.reservation_id, ReservationDevice.start_at, ReservationDevice.end_at)
         .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
         .where(
             Reservation.user_id == owner_id,
+            Reservation.end_at > start,
             Reservation.status != "cancelled",
             ReservationDevice.active.is_(True),
             ReservationDevice.start_at < end,

@@ -31,11 +31,10 @@ from app.models import (
     utcnow,
 )
 from app.schemas.reservation import DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
-from app.services import hosts as host_service
 from app.services import placement
 from app.services import rules as rules_service
-from app.services.conflicts import (check_health, conflict_error, devices_sorted, find_conflicts, insert_items,
-                                    loaded_options, resolve_devices, write_guarded)
+from app.services.conflicts import (conflict_error, devices_sorted, find_conflicts, insert_items, loaded_options,
+                                    resolve_bookable_devices, write_guarded)
 from app.services.intervals import parse_interval, validate_interval
 from app.timeutil import parse_instant
 
@@ -177,15 +176,14 @@ def create_reservation(
     validate_interval(interval.start, interval.end, now=now, settings=settings)
 
     if data.count is not None:
+        # placement's candidates leave out devices reported lost: no health check needed
         host, devices, interval = placement.place(
             session, data=data, owner=owner, interval=interval, now=now
         )
     else:
         if not data.host:
             raise InvalidInput("host: required when 'devices' are given", field="host")
-        host = host_service.get_host(session, data.host)
-        devices = resolve_devices(session, host=host, refs=data.devices or [])
-    check_health(session, devices)
+        host, devices = resolve_bookable_devices(session, host_name=data.host, refs=data.devices or [])
 
     rules_service.validate_reservation(
         session,

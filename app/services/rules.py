@@ -17,9 +17,10 @@ Quantities:
   touches must stay within the limit, so for every day the seven days ending on it do;
 * reservation length and how far ahead: of the request itself (``start - now``).
 
-Concurrency: :func:`validate_reservation` first takes a transaction-scoped advisory lock
-keyed on the owner (PostgreSQL), so concurrent requests of one user are counted one after
-the other; SQLite writers are already serialised by ``BEGIN IMMEDIATE``.
+Concurrency: when a counted limit applies, :func:`validate_reservation` takes a
+transaction-scoped advisory lock keyed on the owner (PostgreSQL) before counting, so
+concurrent requests of one user are counted one after the other; SQLite writers are
+already serialised by ``BEGIN IMMEDIATE``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from app.db import advisory_xact_lock
@@ -62,6 +63,8 @@ SCOPES = ("default", "group", "user")
 # pg_advisory_xact_lock keys: namespace in the high 32 bits, the id in the low ones.
 QUOTA_LOCK_NAMESPACE = 0x51554F54  # "QUOT": one lock per user while counting quotas
 RULES_LOCK_KEY = 0x52554C45 << 32  # "RULE": creating rules (one per scope target)
+# Limits counted over the owner's other reservations (the quota lock serialises them).
+COUNTED_LIMITS = ("max_devices", "max_concurrent_reservations", "max_gpu_hours_7d")
 _EPS = 1e-9
 
 
@@ -85,11 +88,22 @@ class Limit:
 
 def resolve_limits(session: Session, user: User) -> dict[str, Limit]:
     """Each limit's effective value for ``user`` with its source (see the module docstring)."""
-    rules = list(session.scalars(select(SharingRule).order_by(SharingRule.id)))
-    group_ids = set(session.scalars(select(GroupMember.group_id).where(GroupMember.user_id == user.id)))
-    group_names = dict(session.execute(select(Group.id, Group.name).where(Group.id.in_(group_ids))).all()) if group_ids else {}
+    # one statement: only the rules that apply to ``user``, with their group's name
+    member_of = select(GroupMember.group_id).where(GroupMember.user_id == user.id)
+    found = session.execute(
+        select(SharingRule, Group.name)
+        .outerjoin(Group, Group.id == SharingRule.group_id)
+        .where(or_(
+            SharingRule.scope == "default",
+            and_(SharingRule.scope == "user", SharingRule.user_id == user.id),
+            and_(SharingRule.scope == "group", SharingRule.group_id.in_(member_of)),
+        ))
+        .order_by(SharingRule.id)
+    ).all()
+    rules = [r for r, _name in found]
+    group_names = {r.group_id: name for r, name in found if r.scope == "group"}
     user_rules = [r for r in rules if r.scope == "user" and r.user_id == user.id]
-    group_rules = [r for r in rules if r.scope == "group" and r.group_id in group_ids]
+    group_rules = [r for r in rules if r.scope == "group" and r.group_id in group_names]
     default_rules = [r for r in rules if r.scope == "default"]
     out: dict[str, Limit] = {}
     for f in LIMIT_FIELDS:
@@ -171,6 +185,7 @@ def check_limits(
     existing: Reservation | None,
     now: datetime,
     tz: ZoneInfo,
+    limits: dict[str, Limit] | None = None,
 ) -> list[Violation]:
     """Every sharing rule that ``[start, end)`` on ``devices`` of ``host`` would break for ``owner``.
 
@@ -182,7 +197,8 @@ def check_limits(
     """
     if existing is not None and end <= existing.end_at:
         return []
-    limits = resolve_limits(session, owner)
+    if limits is None:
+        limits = resolve_limits(session, owner)
     out: list[Violation] = []
 
     def v(name: str, detail: str, **kw: Any) -> None:
@@ -292,17 +308,23 @@ def validate_reservation(
     """The one validator for creating and changing a reservation, so that an edit is never
     refused by a rule that creating the same reservation would not apply.
 
-    Takes the owner's quota lock, then checks :func:`check_limits`. A refusal raises
+    Takes the owner's quota lock when a counted limit applies, then checks :func:`check_limits`. A refusal raises
     :class:`RuleViolation` (403) naming the rule, the limit, what is used and left (and
     ``violations`` listing every broken rule). An admin who gives ``override_reason``
     is let through; so is an admin who gives none (admins are not limited by sharing rules), recorded
     as such. The overridden rules and the reason are written to the audit log
     (``rule.override``) and returned. ``label`` prefixes the message (a series occurrence).
     """
-    advisory_xact_lock(session, quota_lock_key(owner.id))
+    if existing is not None and end <= existing.end_at:
+        return []  # a shorter (or equal) end breaks nothing new (see check_limits)
+    limits = resolve_limits(session, owner)
+    if any(limits[name].value is not None for name in COUNTED_LIMITS):
+        # only counted limits read the owner's other reservations; without one there is
+        # nothing to serialise and the lock would cost a round trip per booking
+        advisory_xact_lock(session, quota_lock_key(owner.id))
     zone = tz or ZoneInfo("UTC")
     found = check_limits(session, owner=owner, host=host, devices=devices, start=start, end=end,
-                         existing=existing, now=now, tz=zone)
+                         existing=existing, now=now, tz=zone, limits=limits)
     if not found:
         return []
     if actor.is_admin:

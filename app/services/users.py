@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from app.models import ApiToken, AuditLog, Group, GroupMember, User, utcnow
 from app.security import API_TOKEN_PREFIX, hash_password, new_token, token_hash
+from app.services.token_usage import TokenUsage
 
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 MIN_PASSWORD = 8
@@ -173,8 +174,12 @@ def revoke_api_token(session: Session, *, user: User, token_id: int) -> ApiToken
     return row
 
 
-def user_for_token(session: Session, plain: str, *, now: datetime | None = None) -> User:
-    """The active user owning the API token ``plain``; raises Unauthorized otherwise."""
+def user_for_token(session: Session, plain: str, *, now: datetime | None = None, usage: TokenUsage | None = None) -> User:
+    """The active user owning the API token ``plain``; raises Unauthorized otherwise.
+
+    Reads only: the use is noted in ``usage`` (written later, in its own transaction, by
+    :meth:`TokenUsage.flush`), never written in the caller's transaction, which may be a read.
+    """
     now = now or utcnow()
     found = session.execute(
         select(ApiToken, User).join(User, User.id == ApiToken.user_id).where(ApiToken.token_hash == token_hash(plain))
@@ -186,8 +191,8 @@ def user_for_token(session: Session, plain: str, *, now: datetime | None = None)
         raise Unauthorized("invalid, expired or revoked token")
     if not user.active:
         raise Unauthorized("user is deactivated")
-    if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 300:
-        row.last_used_at = now  # written at most every 5 minutes per token
+    if usage is not None:
+        usage.note(row.id, row.last_used_at, now)
     return user
 
 

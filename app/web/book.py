@@ -194,7 +194,7 @@ def check_booking(session: Session, *, form: BookForm, settings: Settings, now: 
     interval = reservation_service.parse_interval(data, now=now)
     reservation_service.validate_interval(interval.start, interval.end, now=now, settings=settings)
     host = host_service.get_host(session, data.host or "")
-    devices = reservation_service.resolve_devices(session, host=host, refs=data.devices or [])
+    devices = conflict_service.resolve_devices(session, host=host, refs=data.devices or [])
     conflicts = reservation_service.find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
     free = conflict_service.earliest_free_start(
         session, devices=devices, after=max(interval.start, now), length=interval.end - interval.start

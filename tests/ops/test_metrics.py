@@ -178,3 +178,44 @@ def test_readyz_is_503_not_500_when_the_database_is_behind(tmp_path):
         assert r.status_code == 503
         assert "gpuroster migrate" in r.json()["detail"]
         assert c.get("/healthz").status_code == 200
+
+
+def test_text_gauge_writes_what_prometheus_client_writes():
+    """The per-device families skip prometheus_client's per-sample work but must read the same."""
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from app.services.metrics import TextGauge, _Families
+
+    labels = ("host", "uuid", "model")
+    samples = [
+        (("node-01", "GPU-1", 'A100 "SXM4"\\80GB\nx'), 97.0),
+        (("node-02", "MIG-2", ""), 81920 * MIB),
+        (("nödé", "GPU-3", "H100"), 1e-7),
+        (("n", "GPU-4", "H100"), 123456789012.5),
+        (("n", "GPU-5", "H100"), float("nan")),
+    ]
+    ours = TextGauge("gpuroster_x_bytes", "a help text, with \\ and\nnewline", labels)
+    theirs = GaugeMetricFamily("gpuroster_x_bytes", "a help text, with \\ and\nnewline", labels=labels)
+    for lab, value in samples:
+        ours.add_metric(lab, value)
+        theirs.add_metric(lab, value)
+    assert ours.text().encode() == generate_latest(_Families([theirs]))
+    empty = TextGauge("gpuroster_y", "nothing", labels)
+    assert empty.text().encode() == generate_latest(_Families([GaugeMetricFamily("gpuroster_y", "nothing", labels=labels)]))
+
+
+def test_mig_instances_are_labelled_parent_index_slash_gpu_instance(client, lab, make_host):
+    mig = make_host("node-09")
+    parent = "GPU-99999999-0000-0000-0000-000000000009"
+    devices = [
+        gpu(parent, 3, mig_mode=True, **telemetry()),
+        {"uuid": "MIG-11111111-0000-0000-0000-000000000009", "index": 0, "parent_uuid": parent, "mig_profile": "3g.40gb",
+         "gpu_instance_id": 2, "memory_total_mib": 40192.0, **telemetry(utilization_gpu=None)},
+    ]
+    r = client.post("/api/v1/agent/snapshots", headers=mig.headers, json=snapshot_body("node-09", 1, devices))
+    assert r.status_code == 200, r.text
+    mem = by_uuid(scrape(client), "gpuroster_device_memory_total_bytes")
+    assert mem[parent][0]["index"] == "3"
+    assert mem["MIG-11111111-0000-0000-0000-000000000009"][0]["index"] == "3/2"
+    assert mem["MIG-11111111-0000-0000-0000-000000000009"][1] == 40192.0 * MIB

@@ -1,0 +1,139 @@
+"""Growth: the hot queries stay on indexes when history is large (PostgreSQL).
+
+History is seeded in bulk (``generate_series``): past reservations of many users on the
+host's devices, cancelled ones among them. Then the real requests run (a named booking with
+a counted quota, an "any N GPUs" booking, the device list, an agent snapshot answered with
+the host's reservation table) while every SELECT they issue is captured, and each is
+``EXPLAIN``-ed with its own parameters: a sequential scan of a large table fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event, text
+
+from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, future, gpu, require_pg, snapshot_body
+
+HISTORY = 120_000  # past reservations; enough that the planner prefers an index where one fits
+LARGE_TABLES = {"reservations", "reservation_devices", "audit_log"}
+N_USERS = 20
+
+SEED = text(
+    """
+    WITH devs AS (
+        SELECT id, row_number() OVER (ORDER BY id) - 1 AS k, count(*) OVER () AS n
+          FROM devices WHERE host_id = :host_id AND parent_id IS NULL
+    ), users_ AS (
+        SELECT id, row_number() OVER (ORDER BY id) - 1 AS k, count(*) OVER () AS n FROM users
+    ), made AS (
+        INSERT INTO reservations (user_id, host_id, start_at, end_at, status, note, sequence, created_at, updated_at)
+        SELECT u.id, :host_id, s.start_at, s.start_at + interval '50 minutes',
+               CASE WHEN g % 10 = 0 THEN 'cancelled' ELSE 'confirmed' END, d.id::text, 0, s.start_at, s.start_at
+          FROM generate_series(0, :n - 1) AS g
+          JOIN devs d ON d.k = g % d.n
+          JOIN users_ u ON u.k = g % u.n
+          CROSS JOIN LATERAL (SELECT :base - interval '1 hour' * (g / d.n + 2) AS start_at) s
+        RETURNING id, note, start_at, end_at, status
+    )
+    INSERT INTO reservation_devices (reservation_id, device_id, physical_id, slice_kind, start_at, end_at, active)
+    SELECT id, note::int, note::int, 0, start_at, end_at, status <> 'cancelled' FROM made
+    """
+)
+
+
+def _seq_scans(plan: dict) -> list[str]:
+    out = []
+    if plan.get("Node Type") == "Seq Scan" and plan.get("Relation Name") in LARGE_TABLES:
+        out.append(plan["Relation Name"])
+    for child in plan.get("Plans", []):
+        out += _seq_scans(child)
+    return out
+
+
+@pytest.fixture(scope="module")
+def seeded_pg():
+    require_pg()
+    from app.migrate import upgrade
+
+    name = _create_pg_database()
+    url = f"{PG_SERVER}/{name}"
+    upgrade(url)
+    yield url
+    _drop_pg_database(name)
+
+
+def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
+    from app.config import Settings
+    from app.db import run_in_transaction
+    from app.main import create_app
+    from app.services import hosts as host_service
+    from app.services import users as user_service
+
+    app = create_app(Settings(database_url=seeded_pg, data_dir=tmp_path, environment="test"))
+    with TestClient(app) as client:
+        factory = app.state.session_factory
+
+        def setup(s):
+            admin = user_service.create_user(s, username="boss", admin=True)
+            toks = [user_service.create_api_token(s, user=admin, name="t")[1]]
+            for i in range(N_USERS):
+                u = user_service.create_user(s, username=f"user{i:02d}")
+                toks.append(user_service.create_api_token(s, user=u, name="t")[1])
+            return toks, host_service.create_host(s, name="node-01")[1]
+
+        tokens, host_token = run_in_transaction(factory, setup)
+        admin_h, user_h = ({"Authorization": f"Bearer {t}"} for t in tokens[:2])
+        host_h = {"Authorization": f"Bearer {host_token}"}
+        devices = [gpu(f"GPU-{i:08d}-plan-0000-0000-000000000000", i) for i in range(8)]
+        assert client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 1, devices), headers=host_h).status_code == 200
+        with app.state.engine.begin() as c:
+            host_id = c.scalar(text("SELECT id FROM hosts WHERE name = 'node-01'"))
+            c.execute(SEED, {"host_id": host_id, "n": HISTORY, "base": datetime.now(UTC)})
+            for t in LARGE_TABLES:
+                c.execute(text(f"ANALYZE {t}"))
+            assert c.scalar(text("SELECT count(*) FROM reservation_devices")) >= HISTORY
+        assert client.post("/api/v1/rules", json={"scope": "default", "max_devices": 4, "max_gpu_hours_7d": 1000},
+                           headers=admin_h).status_code == 201
+
+        captured: list[tuple[str, object]] = []
+
+        def listen(conn, cursor, statement, params, context, executemany):
+            if statement.lstrip().upper().startswith("SELECT") and "pg_advisory" not in statement:
+                captured.append((statement, params))
+
+        event.listen(app.state.engine, "before_cursor_execute", listen)
+        try:
+            r = client.post("/api/v1/reservations", headers=user_h, json={
+                "host": "node-01", "devices": [0], "start": future(2).isoformat(), "duration": "PT1H"})
+            assert r.status_code == 201, r.text
+            r = client.post("/api/v1/reservations", headers=user_h, json={
+                "count": 2, "start": future(5).isoformat(), "duration": "PT1H"})
+            assert r.status_code == 201, r.text
+            r = client.post("/api/v1/reservations", headers=user_h, json={  # a conflict: the 409's details
+                "host": "node-01", "devices": [0], "start": future(2).isoformat(), "duration": "PT1H"})
+            assert r.status_code == 409, r.text
+            assert client.get("/api/v1/devices", headers=user_h).status_code == 200
+            assert client.get("/api/v1/reservations?state=active", headers=user_h).status_code == 200
+            r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 2, devices), headers=host_h)
+            assert r.status_code == 200 and r.json()["reservations"], r.text
+        finally:
+            event.remove(app.state.engine, "before_cursor_execute", listen)
+        assert len(captured) > 10
+
+        bad = []
+        with app.state.engine.connect() as c:
+            raw = c.connection.dbapi_connection
+            with raw.cursor() as cur:
+                for statement, params in captured:
+                    cur.execute("EXPLAIN (FORMAT JSON) " + statement, params)
+                    plan = cur.fetchone()[0]
+                    plan = json.loads(plan) if isinstance(plan, str) else plan
+                    scans = _seq_scans(plan[0]["Plan"])
+                    if scans:
+                        bad.append(f"{scans}: {statement[:300]}")
+        assert not bad, "sequential scans of large tables:\n" + "\n\n".join(bad)
+
