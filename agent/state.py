@@ -205,7 +205,7 @@ class AckCache:
 
     @staticmethod
     def _key(ack: SnapshotAck) -> str:
-        return ack.model_dump_json(include={"policy", "reservations", "open_devices", "booking_url"})
+        return ack.model_dump_json(include={"policy", "reservations", "open_devices", "unix_uids", "booking_url"})
 
     def update(self, ack: SnapshotAck) -> None:
         """Keep ``ack``; rewrite the file only when the table or policy changed."""
