@@ -93,6 +93,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
+    from app.api import idempotency
+
+    idempotency.install(app)
 
     from app.api import agent, hosts, reservations, users
 

@@ -33,6 +33,7 @@ from app.services import hosts as host_service
 from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_list
+from app.web.idempotency import FormIdempotencyDep, new_form_key
 from app.web.now import DEVICE_BADGES, device_label
 from app.web.render import page
 
@@ -224,6 +225,7 @@ def form_context(
     return {
         "viewer": viewer, "active": "book", "form": form, "hosts": hosts, "device_rows": rows,
         "placement": placement_available(), "default_start": default_start.strftime("%Y-%m-%dT%H:%M"), "now": now,
+        "idempotency_key": new_form_key(),
     }
 
 
@@ -268,9 +270,11 @@ def book_check(request: Request, viewer: PageViewer, session: SessionDep, settin
 
 
 @router.post("/book")
-def book(request: Request, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep, form_body: FormBody) -> Response:
+def book(request: Request, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep, form_body: FormBody,
+         idem: FormIdempotencyDep) -> Response:
     """Book the form's devices; 303 to the reservation (with its CUDA_VISIBLE_DEVICES line),
-    or the form again with the error naming the field or the conflicting reservations."""
+    or the form again with the error naming the field or the conflicting reservations. The
+    form's ``idempotency_key`` makes a double click book once."""
     form = BookForm.from_fields(form_body)
     try:
         data = to_create(form, settings=settings)
@@ -295,4 +299,6 @@ def book(request: Request, viewer: FormViewer, session: WriteSessionDep, setting
             error_field = "devices"
         ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free)
         return page(request, "book.html", ctx, status=e.status)
-    return RedirectResponse(f"/me/reservations/{r.id}?booked=1", status_code=303)
+    target = f"/me/reservations/{r.id}?booked=1"
+    idem.done(303, None, target)
+    return RedirectResponse(target, status_code=303)
