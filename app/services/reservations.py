@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
@@ -33,8 +34,9 @@ from app.models import (
 )
 from app.schemas.reservation import ConflictRef, DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import hosts as host_service
-from app.timeutil import parse_instant
+from app.timeutil import fmt_local, parse_instant
 
+UTC_ZONE = ZoneInfo("UTC")
 # Slack for "past" checks: a request that says "start now" may arrive a little late.
 PAST_SLACK = timedelta(seconds=60)
 
@@ -220,8 +222,11 @@ def earliest_free_start(
 
 
 def _conflict_error(
-    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None
+    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None,
+    tz: ZoneInfo = UTC_ZONE,
 ) -> ReservationConflict:
+    """A 409 naming each conflicting reservation and the earliest free start: the message in
+    the lab's zone ``tz``; ``conflicts`` and ``earliest_free_start`` as ISO 8601 UTC."""
     conflicts = find_conflicts(session, devices=devices, start=start, end=end, exclude_id=exclude_id)
     free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
     refs = [
@@ -231,10 +236,11 @@ def _conflict_error(
         for c in conflicts
     ]
     what = "; ".join(
-        f"#{c['id']} by {c['user']} on {', '.join(c['devices'])} [{c['start']}, {c['end']})" for c in refs
+        f"#{c.id} by {c.user.username} on {', '.join(d.uuid for d in _devices_sorted(c))} "
+        f"[{fmt_local(c.start_at, tz)}, {fmt_local(c.end_at, tz)})" for c in conflicts
     ) or "a reservation committed concurrently"
     return ReservationConflict(
-        f"requested devices are reserved: {what}; all free from {free.isoformat()}",
+        f"requested devices are reserved: {what}; all free from {fmt_local(free, tz)}",
         conflicts=refs,
         earliest_free_start=free.isoformat(),
     )
@@ -262,6 +268,7 @@ def _write_guarded(
     start: datetime,
     end: datetime,
     exclude_id: int | None,
+    tz: ZoneInfo = UTC_ZONE,
 ) -> None:
     """Run ``mutate()`` and flush inside a savepoint; an exclusion violation (PostgreSQL
     23P01: another transaction committed an overlapping reservation meanwhile) rolls back
@@ -278,7 +285,7 @@ def _write_guarded(
     except IntegrityError as e:
         code = getattr(e.orig, "sqlstate", None)
         if code == "23P01":
-            raise _conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id) from None
+            raise _conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id, tz=tz) from None
         raise
 
 
@@ -296,9 +303,9 @@ def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
     if data.start.strip().lower() == "asap":
         start = now
     else:
-        start = parse_instant(data.start, tz=data.tz, field="start", now=now)
+        start = parse_instant(data.start, tz=data.tz, field="start", now=now, fold=data.fold)
     if data.end is not None:
-        end = parse_instant(data.end, tz=data.tz, field="end", now=now)
+        end = parse_instant(data.end, tz=data.tz, field="end", now=now, fold=data.fold)
     else:
         assert data.duration is not None
         if data.duration <= timedelta(0):
@@ -308,15 +315,19 @@ def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
 
 
 def validate_interval(start: datetime, end: datetime, *, now: datetime, settings: Settings, field: str = "end") -> None:
-    """Refuse zero-length, inverted, too short and past intervals (422 naming the field)."""
+    """Refuse zero-length, inverted, too short and past intervals (422 naming the field, times
+    in the lab's zone)."""
     if end <= start:
-        raise InvalidInput(f"{field}: must be after start ({end.isoformat()} <= {start.isoformat()})", field=field)
+        raise InvalidInput(
+            f"{field}: must be after start ({fmt_local(end, settings.tz)} is not after {fmt_local(start, settings.tz)})",
+            field=field,
+        )
     if (end - start).total_seconds() < settings.min_reservation_seconds:
         raise InvalidInput(
             f"{field}: a reservation lasts at least {settings.min_reservation_seconds} s", field=field
         )
     if start < now - PAST_SLACK:
-        raise InvalidInput(f"start: {start.isoformat()} is in the past", field="start")
+        raise InvalidInput(f"start: {fmt_local(start, settings.tz)} is in the past", field="start")
 
 
 def _resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationShare]:
@@ -426,7 +437,8 @@ def create_reservation(
     )
 
     if find_conflicts(session, devices=devices, start=interval.start, end=interval.end):
-        raise _conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+        raise _conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None,
+                              tz=settings.tz)
 
     r = Reservation(
         user=owner,
@@ -445,7 +457,8 @@ def create_reservation(
     r.shares = _resolve_shares(session, data.share_with or [])
     _insert_items(session, r, sorted(devices, key=lambda d: d.id))  # one lock order for every writer
 
-    _write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+    _write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None,
+                   tz=settings.tz)
     session.add(
         AuditLog(
             actor=f"user:{actor.username}",
@@ -500,15 +513,15 @@ def update_reservation(
     if data.share_with is not None:
         _replace_shares(session, r, data.share_with, actor=actor)
     if data.end is not None:
-        new_end = parse_instant(data.end, tz=data.tz, field="end", now=now)
+        new_end = parse_instant(data.end, tz=data.tz, field="end", now=now, fold=data.fold)
         if new_end <= r.start_at:
-            raise InvalidInput(f"end: must be after start ({r.start_at.isoformat()})", field="end")
+            raise InvalidInput(f"end: must be after start ({fmt_local(r.start_at, settings.tz)})", field="end")
         if new_end <= now and state == "active":
             raise InvalidInput("end: must be in the future; use release to end it now", field="end")
         if new_end != r.end_at:
             devices = [i.device for i in r.items]
             if new_end > r.end_at and find_conflicts(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id):
-                raise _conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id)
+                raise _conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id, tz=settings.tz)
             rules_service.validate_reservation(
                 session,
                 owner=r.user,
@@ -530,7 +543,7 @@ def update_reservation(
                     i.end_at = new_end
 
             session.flush()
-            _write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id)
+            _write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id, tz=settings.tz)
             session.add(
                 AuditLog(
                     actor=f"user:{actor.username}",

@@ -48,7 +48,7 @@ from app.models import (
     User,
     utcnow,
 )
-from app.timeutil import fmt_duration
+from app.timeutil import fmt_duration, fmt_hours
 
 NUMERIC_LIMITS = (
     "max_devices",
@@ -314,7 +314,7 @@ def check_limits(
     max_len = limits["max_duration_seconds"].value
     if max_len is not None and length > max_len:
         v("max_duration_seconds",
-          f"reservation length {fmt_duration(length)} exceeds the limit of {fmt_duration(max_len)}",
+          f"reservation length {fmt_hours(length)} (real elapsed time) exceeds the limit of {fmt_hours(max_len)}",
           used=length, left=max_len)
 
     max_ahead = limits["max_ahead_seconds"].value

@@ -281,7 +281,7 @@ def _book(
         r.shares = reservation_service._resolve_shares(session, shares)
         reservation_service._insert_items(session, r, sorted(devices, key=lambda d: d.id))
         reservation_service._write_guarded(session, lambda r=r: session.add(r), devices=devices, start=start, end=end,
-                                           exclude_id=None)
+                                           exclude_id=None, tz=tz)
         rows.append(_Row(r.id, start, end, reservation_service.reservation_state(r, now), 0))
     if conflicts:
         listed = "; ".join(

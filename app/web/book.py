@@ -61,6 +61,7 @@ class BookForm:
     start: str = ""
     length: str = "1"
     note: str = ""
+    fold: str = ""  # "0"/"1": which of two instants a repeated wall time (autumn DST night) means
 
     @classmethod
     def from_fields(cls, fields: QueryParams | FormData) -> "BookForm":
@@ -78,6 +79,7 @@ class BookForm:
             start=get("start", ""),
             length=get("length", "1"),
             note=get("note", ""),
+            fold=get("fold", ""),
         )
 
 
@@ -106,7 +108,7 @@ def to_create(form: BookForm, *, settings: Settings) -> ReservationCreate:
         start = form.start
     body: dict[str, Any] = {
         "start": start, "tz": settings.timezone, "duration": timedelta(seconds=round(hours * 3600)),
-        "note": form.note or None,
+        "note": form.note or None, "fold": {"0": 0, "1": 1}.get(form.fold),
     }
     if form.mode == "count":
         if not placement_available():
@@ -297,7 +299,8 @@ def book(request: Request, viewer: FormViewer, session: WriteSessionDep, setting
             )
             error = "the devices are already reserved in that interval"
             error_field = "devices"
-        ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free)
+        ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free,
+                   fold_choices=e.extra.get("choices"))
         return page(request, "book.html", ctx, status=e.status)
     target = f"/me/reservations/{r.id}?booked=1"
     idem.done(303, None, target)
