@@ -68,14 +68,14 @@ def update_reservation(reservation_id: RowId, data: ReservationUpdate, user: Wri
 
 
 @router.delete("/{reservation_id}", response_model=ReservationRead, responses={409: {}, 403: {}})
-def delete_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+def delete_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> ReservationRead:
     """Cancel an upcoming reservation, or release an active one (end = now). The row is kept."""
-    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
+    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id, tz=settings.tz))
 
 
 @router.post("/{reservation_id}/release", response_model=ReservationRead, responses={409: {}, 403: {}})
-def release_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+def release_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> ReservationRead:
     """Give the devices back now: an active reservation ends now, an upcoming one is cancelled."""
-    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
+    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id, tz=settings.tz))
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from app.config import Settings
-from app.errors import Conflict, Forbidden, HistoryImmutable, InvalidInput, NotFound, ReservationConflict
+from app.errors import Conflict, Forbidden, InvalidInput, NotFound, ReservationConflict
 from app.models import (
     AuditLog,
     Device,
@@ -34,6 +34,7 @@ from app.models import (
 )
 from app.schemas.reservation import ConflictRef, DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import hosts as host_service
+from app.services import lifecycle
 from app.timeutil import fmt_local, parse_instant
 
 UTC_ZONE = ZoneInfo("UTC")
@@ -42,16 +43,9 @@ PAST_SLACK = timedelta(seconds=60)
 
 
 def reservation_state(r: Reservation, now: datetime) -> str:
-    """Displayed state: cancelled / released / upcoming / active / ended (half-open interval)."""
-    if r.status == "cancelled":
-        return "cancelled"
-    if r.status == "released":
-        return "released"
-    if now < r.start_at:
-        return "upcoming"
-    if now < r.end_at:
-        return "active"
-    return "ended"
+    """Displayed state: cancelled / released / upcoming / active / ended (half-open interval);
+    see :func:`app.services.lifecycle.phase`."""
+    return lifecycle.phase(r, now).value
 
 
 def _loaded() -> list:
@@ -477,6 +471,21 @@ def _flushed(session: Session, r: Reservation) -> Reservation:
     return r
 
 
+def load_locked(session: Session, reservation_id: int) -> Reservation:
+    """Like :func:`get_reservation`, but refreshes a copy already in the session: called
+    right after the row lock, it must see what the previous writer committed."""
+    r = session.scalar(select(Reservation).where(Reservation.id == reservation_id).options(*_loaded())
+                       .execution_options(populate_existing=True))
+    if r is None:
+        raise NotFound(f"reservation {reservation_id} not found", field="id")
+    return r
+
+
+def _end_action(p: lifecycle.Phase) -> lifecycle.Action:
+    """DELETE and release mean cancel before the start and release after it."""
+    return lifecycle.Action.CANCEL if p == lifecycle.Phase.UPCOMING else lifecycle.Action.RELEASE
+
+
 def _can_modify(actor: User, r: Reservation) -> None:
     if not actor.is_admin and r.user_id != actor.id:
         raise Forbidden(f"reservation {r.id} belongs to {r.user.username}; only they or an admin may change it")
@@ -501,11 +510,10 @@ def update_reservation(
     from app.services import rules as rules_service
 
     now = now or utcnow()
-    r = get_reservation(session, reservation_id)
+    action = lifecycle.Action.CHANGE_END if data.end is not None else lifecycle.Action.EDIT
+    r, state, _ = lifecycle.begin(session, reservation_id=reservation_id, action=action, now=now, tz=settings.tz,
+                                  load=load_locked)
     _can_modify(actor, r)
-    state = reservation_state(r, now)
-    if state in ("ended", "cancelled", "released"):
-        raise HistoryImmutable(f"reservation {r.id} is {state}; history cannot be changed")
     if data.override_reason and not actor.is_admin:
         raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
     if data.note is not None:
@@ -557,29 +565,30 @@ def update_reservation(
     return _flushed(session, r)
 
 
-def end_reservation(session: Session, *, actor: User, reservation_id: int, now: datetime | None = None) -> Reservation:
+def end_reservation(
+    session: Session, *, actor: User, reservation_id: int, now: datetime | None = None, tz: ZoneInfo = UTC_ZONE
+) -> Reservation:
     """DELETE semantics: an upcoming reservation is cancelled, an active one released (end = now).
 
-    Raises HistoryImmutable (409) for ended, cancelled or released reservations.
+    Takes the reservation's row lock first (:func:`app.services.lifecycle.begin`). Raises
+    HistoryImmutable (409) for ended, cancelled or released reservations, naming who got
+    there first (times in ``tz``).
     """
     now = now or utcnow()
-    r = get_reservation(session, reservation_id)
+    r, state, after = lifecycle.begin(session, reservation_id=reservation_id, action=_end_action, now=now, tz=tz,
+                                      load=load_locked)
     _can_modify(actor, r)
-    state = reservation_state(r, now)
-    if state == "upcoming":
-        r.status = "cancelled"
+    r.status = after
+    if after == lifecycle.Status.CANCELLED:
         r.cancelled_at = now
         for i in r.items:
             i.active = False
         action = "reservation.cancel"
-    elif state == "active":
-        r.status = "released"
+    else:
         r.end_at = max(now, r.start_at + timedelta(microseconds=1))
         for i in r.items:
             i.end_at = r.end_at
         action = "reservation.release"
-    else:
-        raise HistoryImmutable(f"reservation {r.id} is {state}; history cannot be changed")
     r.sequence += 1
     r.updated_at = now
     session.add(AuditLog(actor=f"user:{actor.username}", action=action, target=f"reservation:{r.id}"))
