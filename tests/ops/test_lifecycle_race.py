@@ -63,7 +63,7 @@ def _story(engine, rid: int) -> list[AuditLog]:
     return [r for r in rows if r.action != "reservation.create"]
 
 
-def test_every_pair_of_transitions_has_one_serial_outcome(pg_env, tmp_path):
+def test_every_pair_of_transitions_has_one_serial_outcome(pg_env, tmp_path):  # noqa: F811 - the fixture
     _cli(pg_env, "admin", "create-user", "alice", "--no-password")
     _cli(pg_env, "admin", "create-user", "boss", "--admin", "--no-password")
     people = {"alice": {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "alice")},
@@ -94,8 +94,8 @@ def test_every_pair_of_transitions_has_one_serial_outcome(pg_env, tmp_path):
                 rid, end = made.json()["id"], datetime.fromisoformat(made.json()["end"])
                 with engine.connect() as c:
                     seq0 = c.scalar(select(Reservation.sequence).where(Reservation.id == rid))
-                res = _race([lambda: _call(a, people["alice"], first, rid, end, 1),
-                             lambda: _call(b, people["boss"], second, rid, end, 2)])
+                res = _race([lambda x=first, r=rid, e=end: _call(a, people["alice"], x, r, e, 1),
+                             lambda x=second, r=rid, e=end: _call(b, people["boss"], x, r, e, 2)])
                 who = {0: "alice", 1: "boss"}
                 codes = [x.status_code for x in res]
                 assert set(codes) <= {200, 409}, [x.text for x in res]
@@ -127,7 +127,7 @@ def test_every_pair_of_transitions_has_one_serial_outcome(pg_env, tmp_path):
     assert checked == len(pairs) * REPEATS
 
 
-def test_parallel_any_gpu_requests_with_one_key_book_one_gpu_across_servers(pg_env, tmp_path):
+def test_parallel_any_gpu_requests_with_one_key_book_one_gpu_across_servers(pg_env, tmp_path):  # noqa: F811 - the fixture
     _cli(pg_env, "admin", "create-user", "alice", "--no-password")
     alice = {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "alice")}
     host = {"Authorization": "Bearer " + _cli(pg_env, "admin", "add-host", "node-01")}
@@ -141,7 +141,7 @@ def test_parallel_any_gpu_requests_with_one_key_book_one_gpu_across_servers(pg_e
         body = {"count": 1, "start": "now", "duration": "PT1H"}
         for n in range(3):
             key = {**alice, "Idempotency-Key": f"any-gpu-{n}"}
-            res = _race([lambda url=url: httpx.post(url + "/api/v1/reservations", json=body, headers=key, timeout=30)
+            res = _race([lambda url=url, key=key: httpx.post(url + "/api/v1/reservations", json=body, headers=key, timeout=30)
                          for url in (a, b, a, b)])
             codes = [x.status_code for x in res]
             assert set(codes) <= {201, 409} and 201 in codes, [x.text for x in res]
