@@ -486,9 +486,11 @@ def _end_action(p: lifecycle.Phase) -> lifecycle.Action:
     return lifecycle.Action.CANCEL if p == lifecycle.Phase.UPCOMING else lifecycle.Action.RELEASE
 
 
-def _can_modify(actor: User, r: Reservation) -> None:
+def _can_modify(actor: User, r: Reservation) -> Reservation:
+    """``r`` if ``actor`` owns it or is an admin; raises Forbidden otherwise."""
     if not actor.is_admin and r.user_id != actor.id:
         raise Forbidden(f"reservation {r.id} belongs to {r.user.username}; only they or an admin may change it")
+    return r
 
 
 def update_reservation(
@@ -512,8 +514,7 @@ def update_reservation(
     now = now or utcnow()
     action = lifecycle.Action.CHANGE_END if data.end is not None else lifecycle.Action.EDIT
     r, state, _ = lifecycle.begin(session, reservation_id=reservation_id, action=action, now=now, tz=settings.tz,
-                                  load=load_locked)
-    _can_modify(actor, r)
+                                  load=lambda s, rid: _can_modify(actor, load_locked(s, rid)))
     if data.override_reason and not actor.is_admin:
         raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
     if data.note is not None:
@@ -575,9 +576,8 @@ def end_reservation(
     there first (times in ``tz``).
     """
     now = now or utcnow()
-    r, state, after = lifecycle.begin(session, reservation_id=reservation_id, action=_end_action, now=now, tz=tz,
-                                      load=load_locked)
-    _can_modify(actor, r)
+    r, _, after = lifecycle.begin(session, reservation_id=reservation_id, action=_end_action, now=now, tz=tz,
+                                  load=lambda s, rid: _can_modify(actor, load_locked(s, rid)))
     r.status = after
     if after == lifecycle.Status.CANCELLED:
         r.cancelled_at = now

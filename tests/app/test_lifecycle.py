@@ -76,3 +76,10 @@ def test_non_terminal_changes_apply_one_after_the_other(client, lab):
     assert r.status_code == 200
     r = _call(client, lab.alice, "cancel", rid)
     assert r.status_code == 200 and r.json()["state"] == "cancelled"
+
+
+def test_someone_elses_reservation_is_403_whatever_its_state(client, lab):
+    rid = book(client, lab.alice, [3], future(30)).json()["id"]
+    assert _call(client, lab.bob, "cancel", rid).status_code == 403
+    assert _call(client, lab.alice, "cancel", rid).status_code == 200
+    assert _call(client, lab.bob, "edit", rid).status_code == 403
