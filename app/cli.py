@@ -178,6 +178,27 @@ def set_uid(
         typer.echo(f"error: {e.detail}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"{user}: unix uid " + ("cleared" if value is None else str(value)))
+@admin.command("set-password")
+def set_password(
+    name: Annotated[str, typer.Argument(help="username")],
+    password_stdin: Annotated[bool, typer.Option("--password-stdin", help="read the password from standard input")] = False,
+) -> None:
+    """Set USER's password (a reset): every web session of that user is signed out."""
+    from app.db import run_in_transaction
+    from app.errors import AppError
+    from app.services import credentials
+    from app.services import users as user_service
+
+    password = _read_password(password_stdin)
+    try:
+        ended = run_in_transaction(
+            _session_factory(get_settings()),
+            lambda s: credentials.set_password(s, actor="cli", user=user_service.get_user(s, name), password=password),
+        )
+    except AppError as e:
+        typer.echo(f"error: {e.detail}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"password set for {name}; {ended} web session(s) signed out")
 
 
 @admin.command("create-token")

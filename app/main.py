@@ -127,6 +127,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
+    from app.api import idempotency
+
+    idempotency.install(app)
 
     # Every router by name: the whole surface in one place, and a renamed module fails here.
     for router in (reservations.router, hosts.router, users.router, agent.router, findings.router,

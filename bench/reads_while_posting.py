@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.ingest import register_fleet  # noqa: E402
-from tests.live import gpuroster_env, live_server  # noqa: E402
+from testkit.live import gpuroster_env, live_server  # noqa: E402
 
 READ_PATHS = ("/api/v1/reservations", "/api/v1/me", "/api/v1/devices")
 

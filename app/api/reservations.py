@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
+from app.api.idempotency import IdempotencyDep
 from app.schemas.common import Page
 from app.schemas.reservation import ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import reservations as svc
@@ -19,11 +20,15 @@ CONFLICT = {409: {"description": "conflict: names each conflicting reservation a
 
 
 @router.post("", status_code=201, response_model=ReservationRead, responses={**CONFLICT, 403: {}, 422: {}})
-def create_reservation(data: ReservationCreate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep, response: Response) -> ReservationRead:
-    """Book devices (UUIDs or indices) of a host for ``[start, end)``."""
+def create_reservation(data: ReservationCreate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep,
+                       response: Response, idem: IdempotencyDep) -> ReservationRead:
+    """Book devices (UUIDs or indices) of a host for ``[start, end)``. With an
+    ``Idempotency-Key`` header, a retry within 24 h gets the first answer and books nothing."""
     r = svc.create_reservation(session, actor=user, data=data, settings=settings)
     response.headers["Location"] = f"/api/v1/reservations/{r.id}"
-    return svc.to_read(r)
+    out = svc.to_read(r)
+    idem.done(201, out.model_dump(mode="json"), response.headers["Location"])
+    return out
 
 
 @router.get("", response_model=Page[ReservationRead])
@@ -63,14 +68,14 @@ def update_reservation(reservation_id: RowId, data: ReservationUpdate, user: Wri
 
 
 @router.delete("/{reservation_id}", response_model=ReservationRead, responses={409: {}, 403: {}})
-def delete_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+def delete_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> ReservationRead:
     """Cancel an upcoming reservation, or release an active one (end = now). The row is kept."""
-    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
+    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id, tz=settings.tz))
 
 
 @router.post("/{reservation_id}/release", response_model=ReservationRead, responses={409: {}, 403: {}})
-def release_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep) -> ReservationRead:
+def release_reservation(reservation_id: RowId, user: WriteUser, session: WriteSessionDep, settings: SettingsDep) -> ReservationRead:
     """Give the devices back now: an active reservation ends now, an upcoming one is cancelled."""
-    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id))
+    return svc.to_read(svc.end_reservation(session, actor=user, reservation_id=reservation_id, tz=settings.tz))
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
+from app.api.idempotency import IdempotencyDep
 from app.client.units import parse_duration
 from app.errors import Forbidden, InvalidInput, problem_response
 from app.models import Host, SharingRule, utcnow
@@ -228,14 +229,16 @@ def availability(
 
 @router.post("/series", status_code=201, response_model=SeriesRead, tags=["series"], responses={403: {}, 409: {}, 422: {}})
 def create_series(data: SeriesCreate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep,
-                  response: Response) -> SeriesRead:
+                  response: Response, idem: IdempotencyDep) -> SeriesRead:
     """Book a recurring reservation (all occurrences or none). ``dry_run``: 200 with the
-    occurrences that would be stored, nothing stored."""
+    occurrences that would be stored, nothing stored. With an ``Idempotency-Key`` header, a
+    retry within 24 h gets the first answer and books nothing."""
     read = series_service.create_series(session, actor=user, data=data, settings=settings)
     if read.dry_run:
         response.status_code = 200
     else:
         response.headers["Location"] = f"/api/v1/series/{read.id}"
+        idem.done(201, read.model_dump(mode="json"), response.headers["Location"])
     return read
 
 

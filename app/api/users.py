@@ -8,7 +8,17 @@ from sqlalchemy import select
 from app.api.deps import AdminUser, CurrentUser, PageDep, RowId, SessionDep, WriteSessionDep, WriteUser
 from app.errors import Forbidden
 from app.models import ApiToken, User
-from app.schemas.user import TokenCreate, TokenCreated, TokenRead, UserCreate, UserRead, UserUpdate
+from app.schemas.user import (
+    PasswordChange,
+    PasswordChanged,
+    TokenCreate,
+    TokenCreated,
+    TokenRead,
+    UserCreate,
+    UserRead,
+    UserUpdate,
+)
+from app.services import credentials
 from app.services import users as user_service
 
 router = APIRouter(tags=["users"])
@@ -25,6 +35,14 @@ def _user_read(session, u: User) -> UserRead:
 def me(user: CurrentUser, session: SessionDep) -> UserRead:
     """The caller's account."""
     return _user_read(session, user)
+
+
+@router.post("/me/password", response_model=PasswordChanged, responses={403: {}, 422: {}})
+def change_my_password(data: PasswordChange, user: WriteUser, session: WriteSessionDep) -> PasswordChanged:
+    """Change the caller's password (``current_password`` required; 403 when wrong). Every web
+    session of the caller ends; API tokens keep working."""
+    return PasswordChanged(sessions_ended=credentials.change_own_password(
+        session, user=user, current=data.current_password, new=data.new_password))
 
 
 @router.get("/users", response_model=list[UserRead])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 import httpx
@@ -9,6 +11,8 @@ import httpx
 from app import __version__
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+CREATE_ATTEMPTS = 3
 
 
 class ApiError(Exception):
@@ -33,7 +37,12 @@ class NotConfigured(Exception):
 
 
 class Api:
-    """``Api(server, token)``: JSON requests under ``/api/v1``; raises ApiError / Unreachable."""
+    """``Api(server, token)``: JSON requests under ``/api/v1``; raises ApiError / Unreachable.
+
+    One ``Api`` serves one CLI invocation: :meth:`create` sends that invocation's
+    ``Idempotency-Key`` (a random UUID, numbered per creating request), so its retries
+    can never book twice.
+    """
 
     def __init__(self, server: str, token: str | None = None, *, transport: httpx.BaseTransport | None = None) -> None:
         headers = {"User-Agent": f"gpuroster-cli/{__version__}", "Accept": "application/json"}
@@ -41,6 +50,9 @@ class Api:
             headers["Authorization"] = f"Bearer {token}"
         self.server = server.rstrip("/")
         self._http = httpx.Client(base_url=self.server + "/api/v1", headers=headers, timeout=TIMEOUT, transport=transport)
+        self.invocation_key = str(uuid.uuid4())
+        self._creates = 0
+        self.retry_pause = 1.0  # seconds before the second try, doubled after
 
     def close(self) -> None:
         self._http.close()
@@ -71,6 +83,30 @@ class Api:
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body)
+
+    def create(self, path: str, body: Any) -> Any:
+        """POST that creates something, with this invocation's ``Idempotency-Key``.
+
+        Tried up to 3 times with the same key when the answer was lost (no connection,
+        timeout) or the service was busy (503) or still processing the first try (409 on
+        the key): the service books once and answers every try with the first answer.
+        """
+        self._creates += 1
+        headers = {IDEMPOTENCY_HEADER: f"{self.invocation_key}-{self._creates}"}
+        pause = self.retry_pause
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                return self.request("POST", path, json=body, headers=headers)
+            except Unreachable:
+                if attempt == CREATE_ATTEMPTS:
+                    raise
+            except ApiError as e:
+                retry = e.status == 503 or (e.status == 409 and e.doc.get("field") == IDEMPOTENCY_HEADER)
+                if not retry or attempt == CREATE_ATTEMPTS:
+                    raise
+            time.sleep(pause)
+            pause *= 2
+        raise AssertionError("unreachable")
 
     def patch(self, path: str, body: Any) -> Any:
         return self.request("PATCH", path, json=body)

@@ -83,7 +83,7 @@ def reserve(
     """
     body = reservation_body(ctx, duration=duration, count=count, start=start, host=host, model=model,
                              min_memory=min_memory, device=device, note=note, share=share)
-    r = ctx.api.post("/reservations", body)
+    r = ctx.api.create("/reservations", body)
     if as_json:
         print_json(r)
         return

@@ -72,7 +72,7 @@ def run(
             body = reservation_body(ctx, duration=duration, count=count, start="asap", host=h, model=model,
                                      min_memory=min_memory, device=None, note=note or f"gpuroster run: {' '.join(cmd)}"[:1024],
                                      share=None)
-            r = ctx.api.post("/reservations", body)
+            r = ctx.api.create("/reservations", body)
             created = True
     if r["host"] != h:
         raise Fail(f"reservation #{r['id']} is on {r['host']}, not on this host ({h})")

@@ -2,6 +2,7 @@
 
 from app.models.base import Base, UTCDateTime, utcnow
 from app.models.finding import AuditLog, Finding, Notice
+from app.models.idempotency import IdempotencyKey
 from app.models.host import Device, DeviceConflict, DeviceProcess, DeviceTelemetry, Host, HostSnapshot, UsageRollup
 from app.models.reservation import Reservation, ReservationDevice, ReservationSeries, ReservationShare
 from app.models.rule import SharingRule
@@ -11,5 +12,5 @@ __all__ = [
     "Base", "UTCDateTime", "utcnow", "AuditLog", "Finding", "Notice", "Device", "DeviceConflict", "DeviceProcess",
     "DeviceTelemetry", "Host", "HostSnapshot", "UsageRollup", "Reservation", "ReservationDevice",
     "ReservationSeries", "ReservationShare", "SharingRule", "ApiToken", "Group", "GroupMember",
-    "LoginAttempt", "User", "WebSession",
+    "LoginAttempt", "User", "WebSession", "IdempotencyKey",
 ]

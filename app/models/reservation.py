@@ -15,6 +15,7 @@ On SQLite the same predicate is checked after ``BEGIN IMMEDIATE`` (see ``app.db`
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 
 from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, SmallInteger, String
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -23,8 +24,17 @@ from app.models.base import Base, utcnow
 from app.models.host import Device, Host
 from app.models.user import Group, User
 
-# Stored status. Displayed state adds time: upcoming / active / ended (see services).
-STATUSES = ("confirmed", "cancelled", "released")
+class ReservationStatus(StrEnum):
+    """What ``reservations.status`` stores (the check constraint lists the same values).
+    The phase people see adds time (upcoming / active / ended); the legal transitions are
+    in :mod:`app.services.lifecycle`."""
+
+    CONFIRMED = "confirmed"
+    CANCELLED = "cancelled"
+    RELEASED = "released"
+
+
+STATUSES = tuple(s.value for s in ReservationStatus)
 
 
 class ReservationSeries(Base):
@@ -132,4 +142,4 @@ class ReservationShare(Base):
     group: Mapped[Group | None] = relationship(lazy="raise")
 
 
-__all__ = ["Reservation", "ReservationDevice", "ReservationShare", "ReservationSeries", "STATUSES"]
+__all__ = ["ReservationStatus", "Reservation", "ReservationDevice", "ReservationShare", "ReservationSeries", "STATUSES"]

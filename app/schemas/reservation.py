@@ -37,6 +37,9 @@ class ReservationCreate(BaseModel):
     end: str | None = Field(default=None, max_length=64)
     duration: timedelta | None = Field(default=None, description="ISO 8601 duration, e.g. PT4H")
     tz: str | None = Field(default=None, max_length=64, description="IANA zone for wall-time start/end")
+    fold: Literal[0, 1] | None = Field(
+        default=None, description="a wall time that occurs twice (autumn DST night): 0 the earlier, 1 the later"
+    )
     note: str | None = Field(default=None, max_length=1024)
     user: str | None = Field(default=None, max_length=64, description="admins: book for this username")
     share_with: list[str] | None = Field(default=None, max_length=64, description="usernames or group:<name>")
@@ -62,6 +65,7 @@ class ReservationUpdate(BaseModel):
 
     end: str | None = Field(default=None, max_length=64)
     tz: str | None = Field(default=None, max_length=64)
+    fold: Literal[0, 1] | None = Field(default=None, description="a repeated wall time: 0 the earlier, 1 the later")
     note: str | None = Field(default=None, max_length=1024)
     share_with: list[str] | None = Field(
         default=None, max_length=64, description="replaces the shares: usernames or group:<name>; [] clears"

@@ -33,6 +33,18 @@ class UserUpdate(BaseModel):
     password: str | None = Field(default=None, min_length=8, max_length=1024)
 
 
+class PasswordChange(BaseModel):
+    """A user's own password change: the current password proves it is them."""
+
+    model_config = ConfigDict(extra="forbid")
+    current_password: str = Field(min_length=1, max_length=1024)
+    new_password: str = Field(min_length=8, max_length=1024)
+
+
+class PasswordChanged(BaseModel):
+    sessions_ended: int = Field(description="web sessions of the user that were signed out")
+
+
 class UserRead(BaseModel):
     username: str
     display_name: str | None

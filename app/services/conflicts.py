@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
@@ -16,6 +17,9 @@ from sqlalchemy.orm import Session, selectinload
 from app.errors import Conflict, InvalidInput, NotFound, ReservationConflict
 from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
 from app.schemas.reservation import ConflictRef
+from app.timeutil import fmt_local
+
+UTC_ZONE = ZoneInfo("UTC")
 
 
 def loaded_options() -> list:
@@ -174,8 +178,11 @@ def earliest_free_start(
 
 
 def conflict_error(
-    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None
+    session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None,
+    tz: ZoneInfo = UTC_ZONE,
 ) -> ReservationConflict:
+    """A 409 naming each conflicting reservation and the earliest free start: the message in
+    the lab's zone ``tz``; ``conflicts`` and ``earliest_free_start`` as ISO 8601 UTC."""
     conflicts = find_conflicts(session, devices=devices, start=start, end=end, exclude_id=exclude_id)
     free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
     refs = [
@@ -185,10 +192,11 @@ def conflict_error(
         for c in conflicts
     ]
     what = "; ".join(
-        f"#{c['id']} by {c['user']} on {', '.join(c['devices'])} [{c['start']}, {c['end']})" for c in refs
+        f"#{c.id} by {c.user.username} on {', '.join(d.uuid for d in devices_sorted(c))} "
+        f"[{fmt_local(c.start_at, tz)}, {fmt_local(c.end_at, tz)})" for c in conflicts
     ) or "a reservation committed concurrently"
     return ReservationConflict(
-        f"requested devices are reserved: {what}; all free from {free.isoformat()}",
+        f"requested devices are reserved: {what}; all free from {fmt_local(free, tz)}",
         conflicts=refs,
         earliest_free_start=free.isoformat(),
     )
@@ -216,6 +224,7 @@ def write_guarded(
     start: datetime,
     end: datetime,
     exclude_id: int | None,
+    tz: ZoneInfo = UTC_ZONE,
 ) -> None:
     """Run ``mutate()`` and flush inside a savepoint; an exclusion violation (PostgreSQL
     23P01: another transaction committed an overlapping reservation meanwhile) rolls back
@@ -232,5 +241,5 @@ def write_guarded(
     except IntegrityError as e:
         code = getattr(e.orig, "sqlstate", None)
         if code == "23P01":
-            raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id) from None
+            raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id, tz=tz) from None
         raise

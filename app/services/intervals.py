@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from app.config import Settings
 from app.errors import InvalidInput
 from app.schemas.reservation import ReservationCreate
-from app.timeutil import parse_instant
+from app.timeutil import fmt_local, parse_instant
 
 # A start this far in the past is still "now": a request takes time to arrive.
 PAST_SLACK = timedelta(seconds=60)
@@ -31,9 +31,9 @@ def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
     if data.start.strip().lower() == "asap":
         start = now
     else:
-        start = parse_instant(data.start, tz=data.tz, field="start", now=now)
+        start = parse_instant(data.start, tz=data.tz, field="start", now=now, fold=data.fold)
     if data.end is not None:
-        end = parse_instant(data.end, tz=data.tz, field="end", now=now)
+        end = parse_instant(data.end, tz=data.tz, field="end", now=now, fold=data.fold)
     else:
         assert data.duration is not None
         if data.duration <= timedelta(0):
@@ -43,12 +43,16 @@ def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
 
 
 def validate_interval(start: datetime, end: datetime, *, now: datetime, settings: Settings, field: str = "end") -> None:
-    """Refuse zero-length, inverted, too short and past intervals (422 naming the field)."""
+    """Refuse zero-length, inverted, too short and past intervals (422 naming the field, times
+    in the lab's zone)."""
     if end <= start:
-        raise InvalidInput(f"{field}: must be after start ({end.isoformat()} <= {start.isoformat()})", field=field)
+        raise InvalidInput(
+            f"{field}: must be after start ({fmt_local(end, settings.tz)} is not after {fmt_local(start, settings.tz)})",
+            field=field,
+        )
     if (end - start).total_seconds() < settings.min_reservation_seconds:
         raise InvalidInput(
             f"{field}: a reservation lasts at least {settings.min_reservation_seconds} s", field=field
         )
     if start < now - PAST_SLACK:
-        raise InvalidInput(f"start: {start.isoformat()} is in the past", field="start")
+        raise InvalidInput(f"start: {fmt_local(start, settings.tz)} is in the past", field="start")

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.errors import Forbidden, HistoryImmutable, InvalidInput, NotFound
+from app.errors import Forbidden, InvalidInput, NotFound
 from app.models import (
     AuditLog,
     Device,
@@ -31,25 +32,18 @@ from app.models import (
     utcnow,
 )
 from app.schemas.reservation import DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
-from app.services import placement
+from app.services import lifecycle, placement
 from app.services import rules as rules_service
-from app.services.conflicts import (conflict_error, devices_sorted, find_conflicts, insert_items, loaded_options,
-                                    resolve_bookable_devices, write_guarded)
+from app.services.conflicts import (UTC_ZONE, conflict_error, devices_sorted, find_conflicts, insert_items,
+                                    loaded_options, resolve_bookable_devices, write_guarded)
 from app.services.intervals import parse_interval, validate_interval
-from app.timeutil import parse_instant
+from app.timeutil import fmt_local, parse_instant
 
 
 def reservation_state(r: Reservation, now: datetime) -> str:
-    """Displayed state: cancelled / released / upcoming / active / ended (half-open interval)."""
-    if r.status == "cancelled":
-        return "cancelled"
-    if r.status == "released":
-        return "released"
-    if now < r.start_at:
-        return "upcoming"
-    if now < r.end_at:
-        return "active"
-    return "ended"
+    """Displayed state: cancelled / released / upcoming / active / ended (half-open interval);
+    see :func:`app.services.lifecycle.phase`."""
+    return lifecycle.phase(r, now).value
 
 
 def get_reservation(session: Session, reservation_id: int) -> Reservation:
@@ -200,7 +194,7 @@ def create_reservation(
     )
 
     if find_conflicts(session, devices=devices, start=interval.start, end=interval.end):
-        raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+        raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz)
 
     r = Reservation(
         user=owner,
@@ -219,7 +213,7 @@ def create_reservation(
     r.shares = _resolve_shares(session, data.share_with or [])
     insert_items(session, r, sorted(devices, key=lambda d: d.id))  # one lock order for every writer
 
-    write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None)
+    write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz)
     session.add(
         AuditLog(
             actor=f"user:{actor.username}",
@@ -238,9 +232,26 @@ def _flushed(session: Session, r: Reservation) -> Reservation:
     return r
 
 
-def _can_modify(actor: User, r: Reservation) -> None:
+def load_locked(session: Session, reservation_id: int) -> Reservation:
+    """Like :func:`get_reservation`, but refreshes a copy already in the session: called
+    right after the row lock, it must see what the previous writer committed."""
+    r = session.scalar(select(Reservation).where(Reservation.id == reservation_id).options(*loaded_options())
+                       .execution_options(populate_existing=True))
+    if r is None:
+        raise NotFound(f"reservation {reservation_id} not found", field="id")
+    return r
+
+
+def _end_action(p: lifecycle.Phase) -> lifecycle.Action:
+    """DELETE and release mean cancel before the start and release after it."""
+    return lifecycle.Action.CANCEL if p == lifecycle.Phase.UPCOMING else lifecycle.Action.RELEASE
+
+
+def _can_modify(actor: User, r: Reservation) -> Reservation:
+    """``r`` if ``actor`` owns it or is an admin; raises Forbidden otherwise."""
     if not actor.is_admin and r.user_id != actor.id:
         raise Forbidden(f"reservation {r.id} belongs to {r.user.username}; only they or an admin may change it")
+    return r
 
 
 def update_reservation(
@@ -260,11 +271,9 @@ def update_reservation(
     rule. ``share_with`` replaces the list (``[]`` clears it).
     """
     now = now or utcnow()
-    r = get_reservation(session, reservation_id)
-    _can_modify(actor, r)
-    state = reservation_state(r, now)
-    if state in ("ended", "cancelled", "released"):
-        raise HistoryImmutable(f"reservation {r.id} is {state}; history cannot be changed")
+    action = lifecycle.Action.CHANGE_END if data.end is not None else lifecycle.Action.EDIT
+    r, state, _ = lifecycle.begin(session, reservation_id=reservation_id, action=action, now=now, tz=settings.tz,
+                                  load=lambda s, rid: _can_modify(actor, load_locked(s, rid)))
     if data.override_reason and not actor.is_admin:
         raise Forbidden("override_reason: only admins may override sharing rules", field="override_reason")
     if data.note is not None:
@@ -272,15 +281,15 @@ def update_reservation(
     if data.share_with is not None:
         _replace_shares(session, r, data.share_with, actor=actor)
     if data.end is not None:
-        new_end = parse_instant(data.end, tz=data.tz, field="end", now=now)
+        new_end = parse_instant(data.end, tz=data.tz, field="end", now=now, fold=data.fold)
         if new_end <= r.start_at:
-            raise InvalidInput(f"end: must be after start ({r.start_at.isoformat()})", field="end")
+            raise InvalidInput(f"end: must be after start ({fmt_local(r.start_at, settings.tz)})", field="end")
         if new_end <= now and state == "active":
             raise InvalidInput("end: must be in the future; use release to end it now", field="end")
         if new_end != r.end_at:
             devices = [i.device for i in r.items]
             if new_end > r.end_at and find_conflicts(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id):
-                raise conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id)
+                raise conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id, tz=settings.tz)
             rules_service.validate_reservation(
                 session,
                 owner=r.user,
@@ -302,7 +311,7 @@ def update_reservation(
                     i.end_at = new_end
 
             session.flush()
-            write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id)
+            write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id, tz=settings.tz)
             session.add(
                 AuditLog(
                     actor=f"user:{actor.username}",
@@ -316,29 +325,29 @@ def update_reservation(
     return _flushed(session, r)
 
 
-def end_reservation(session: Session, *, actor: User, reservation_id: int, now: datetime | None = None) -> Reservation:
+def end_reservation(
+    session: Session, *, actor: User, reservation_id: int, now: datetime | None = None, tz: ZoneInfo = UTC_ZONE
+) -> Reservation:
     """DELETE semantics: an upcoming reservation is cancelled, an active one released (end = now).
 
-    Raises HistoryImmutable (409) for ended, cancelled or released reservations.
+    Takes the reservation's row lock first (:func:`app.services.lifecycle.begin`). Raises
+    HistoryImmutable (409) for ended, cancelled or released reservations, naming who got
+    there first (times in ``tz``).
     """
     now = now or utcnow()
-    r = get_reservation(session, reservation_id)
-    _can_modify(actor, r)
-    state = reservation_state(r, now)
-    if state == "upcoming":
-        r.status = "cancelled"
+    r, _, after = lifecycle.begin(session, reservation_id=reservation_id, action=_end_action, now=now, tz=tz,
+                                  load=lambda s, rid: _can_modify(actor, load_locked(s, rid)))
+    r.status = after
+    if after == lifecycle.Status.CANCELLED:
         r.cancelled_at = now
         for i in r.items:
             i.active = False
         action = "reservation.cancel"
-    elif state == "active":
-        r.status = "released"
+    else:
         r.end_at = max(now, r.start_at + timedelta(microseconds=1))
         for i in r.items:
             i.end_at = r.end_at
         action = "reservation.release"
-    else:
-        raise HistoryImmutable(f"reservation {r.id} is {state}; history cannot be changed")
     r.sequence += 1
     r.updated_at = now
     session.add(AuditLog(actor=f"user:{actor.username}", action=action, target=f"reservation:{r.id}"))

@@ -46,6 +46,7 @@ from app.models import (
     SharingRule,
     User,
 )
+from app import timeutil
 from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, peak, quota_window
 from app.timeutil import fmt_duration
 
@@ -228,7 +229,8 @@ def check_limits(
     max_len = limits["max_duration_seconds"].value
     if max_len is not None and length > max_len:
         v("max_duration_seconds",
-          f"reservation length {fmt_duration(length)} exceeds the limit of {fmt_duration(max_len)}",
+          f"reservation length {timeutil.fmt_hours(length)} (real elapsed time) exceeds the limit of "
+          f"{timeutil.fmt_hours(max_len)}",
           used=length, left=max_len)
 
     max_ahead = limits["max_ahead_seconds"].value

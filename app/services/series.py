@@ -44,6 +44,7 @@ from app.schemas.reservation import ConflictRef
 from app.schemas.series import MAX_OCCURRENCES, OccurrenceRead, SeriesCreate, SeriesRead
 from app.services import hosts as host_service
 from app.services import conflicts as conflict_service
+from app.services import lifecycle
 from app.services import reservations as reservation_service
 from app.services.intervals import PAST_SLACK
 from app.services import rules as rules_service
@@ -284,7 +285,7 @@ def _book(
         r.shares = reservation_service._resolve_shares(session, shares)
         conflict_service.insert_items(session, r, sorted(devices, key=lambda d: d.id))
         conflict_service.write_guarded(session, lambda r=r: session.add(r), devices=devices, start=start, end=end,
-                                           exclude_id=None)
+                                           exclude_id=None, tz=tz)
         rows.append(_Row(r.id, start, end, reservation_service.reservation_state(r, now), 0))
     if conflicts:
         listed = "; ".join(
@@ -350,11 +351,14 @@ def cancel_series(session: Session, *, actor: User, series_id: int, now: datetim
         raise Forbidden(f"series {series_id} is not yours; only its owner or an admin may cancel it")
     cancelled = 0
     kept: list[int] = []
+    # the occurrences' row locks first, as every state change takes them (app.services.lifecycle)
+    lifecycle.lock_rows(session, list(session.scalars(select(Reservation.id).where(Reservation.series_id == s.id))))
     for r in session.scalars(
         select(Reservation).where(Reservation.series_id == s.id).options(*reservation_service.loaded_options())
+        .execution_options(populate_existing=True)
     ):
-        if reservation_service.reservation_state(r, now) == "upcoming":
-            r.status = "cancelled"
+        if (lifecycle.phase(r, now), lifecycle.Action.CANCEL) in lifecycle.TRANSITIONS:
+            r.status = lifecycle.Status.CANCELLED
             r.cancelled_at = now
             r.sequence += 1
             r.updated_at = now

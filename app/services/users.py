@@ -12,6 +12,7 @@ from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from app.models import ApiToken, AuditLog, Group, GroupMember, User, utcnow
 from app.security import API_TOKEN_PREFIX, hash_password, new_token, token_hash
 from app.services.token_usage import TokenUsage
+from app.services import credentials
 
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 MIN_PASSWORD = 8
@@ -101,6 +102,8 @@ def update_user(
     Unix uid: pass ``None`` to clear).
     Admins cannot demote or deactivate themselves. Audit-logged (the password as "changed") as
     ``user:<actor>``, or ``audit_actor`` (the server CLI logs ``cli``).
+    A new password, deactivation or loss of the admin role ends the user's web sessions
+    (:func:`app.services.credentials.after_account_change`).
     Raises NotFound, InvalidInput, Conflict (Unix name taken), Forbidden.
     """
     u = get_user(session, username)
@@ -129,12 +132,16 @@ def update_user(
         raise InvalidInput(f"password: at least {MIN_PASSWORD} characters", field="password")
     if u.id == actor.id and (changes.get("active") is False or changes.get("role") == "member"):
         raise Forbidden("admins cannot deactivate or demote themselves")
+    was_active, was_admin = u.active, u.is_admin
     for k, v in changes.items():
         setattr(u, k, v)
     if password is not None:
         u.password_hash = hash_password(password)
     detail = dict(changes) | ({"password": "changed"} if password is not None else {})
-    session.add(AuditLog(actor=audit_actor or f"user:{actor.username}", action="user.update", target=f"user:{username}", detail=detail))
+    who = audit_actor or f"user:{actor.username}"
+    session.add(AuditLog(actor=who, action="user.update", target=f"user:{username}", detail=detail))
+    credentials.after_account_change(session, user=u, actor=who, was_active=was_active,
+                                     was_admin=was_admin, password_changed=password is not None)
     session.flush()
     return u
 

@@ -24,6 +24,7 @@ from app.api.deps import SessionDep, WriteSessionDep
 from app.errors import AppError, InvalidInput
 from app.models import Device, User, utcnow
 from app.schemas.host import HostUpdate
+from app.services import credentials
 from app.services import devices as device_service
 from app.services import groups as group_service
 from app.services import device_claims
@@ -41,6 +42,7 @@ DONE = {
     "members-added": "Members added.", "member-removed": "Member removed.", "host-changed": "Host settings saved.",
     "device-changed": "Device changed.",
     "device-moved": "Device moved to its new host.",
+    "password-set": "Password set; that user's browser sessions were ended.",
 }
 
 
@@ -125,6 +127,23 @@ def change_user(
     except AppError as e:
         return _failed(request, session, viewer, e, "users")
     return _done("user-changed", "users")
+
+
+@router.post("/admin/users/{username}/password")
+def set_password(
+    request: Request, username: str, viewer: AdminFormViewer, session: WriteSessionDep, form: FormBody
+) -> Response:
+    """Set a user's password (a reset): every web session of that user ends."""
+    value = form.get("password")
+    try:
+        user = user_service.get_user(session, username)
+        credentials.set_password(session, actor=f"user:{viewer.user.username}", user=user,
+                                 password=value if isinstance(value, str) else "")
+    except AppError as e:
+        return _failed(request, session, viewer, e, "users")
+    if user.id == viewer.user.id:
+        return RedirectResponse("/login", status_code=303)  # the admin's own session ended too
+    return _done("password-set", "users")
 
 
 @router.post("/admin/groups")

@@ -35,6 +35,7 @@ from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
 from app.web import sessions as web_sessions
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_list
+from app.web.idempotency import FormIdempotencyDep, new_form_key
 from app.web.now import DEVICE_BADGES, device_label
 from app.web.render import page
 from app.web.routing import page_router
@@ -63,6 +64,7 @@ class BookForm:
     start: str = ""
     length: str = "1"
     note: str = ""
+    fold: str = ""  # "0"/"1": which of two instants a repeated wall time (autumn DST night) means
 
     @classmethod
     def from_fields(cls, fields: QueryParams | FormData) -> "BookForm":
@@ -80,6 +82,7 @@ class BookForm:
             start=get("start", ""),
             length=get("length", "1"),
             note=get("note", ""),
+            fold=get("fold", ""),
         )
 
 
@@ -108,7 +111,7 @@ def to_create(form: BookForm, *, settings: Settings) -> ReservationCreate:
         start = form.start
     body: dict[str, Any] = {
         "start": start, "tz": settings.timezone, "duration": timedelta(seconds=round(hours * 3600)),
-        "note": form.note or None,
+        "note": form.note or None, "fold": {"0": 0, "1": 1}.get(form.fold),
     }
     if form.mode == "count":
         if not placement_available():
@@ -227,6 +230,7 @@ def form_context(
     return {
         "viewer": viewer, "active": "book", "form": form, "hosts": hosts, "device_rows": rows,
         "placement": placement_available(), "default_start": default_start.strftime("%Y-%m-%dT%H:%M"), "now": now,
+        "idempotency_key": new_form_key(),
     }
 
 
@@ -288,9 +292,11 @@ def _check_response(request: Request, viewer: Viewer, session: Session, settings
 
 
 @router.post("/book")
-def book(request: Request, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep, form_body: FormBody) -> Response:
+def book(request: Request, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep, form_body: FormBody,
+         idem: FormIdempotencyDep) -> Response:
     """Book the form's devices; 303 to the reservation (with its CUDA_VISIBLE_DEVICES line),
-    or the form again with the error naming the field or the conflicting reservations."""
+    or the form again with the error naming the field or the conflicting reservations. The
+    form's ``idempotency_key`` makes a double click book once."""
     form = BookForm.from_fields(form_body)
     try:
         data = to_create(form, settings=settings)
@@ -313,6 +319,9 @@ def book(request: Request, viewer: FormViewer, session: WriteSessionDep, setting
             )
             error = "the devices are already reserved in that interval"
             error_field = "devices"
-        ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free)
+        ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free,
+                   fold_choices=e.extra.get("choices"))
         return page(request, "book.html", ctx, status=e.status)
-    return RedirectResponse(f"/me/reservations/{r.id}?booked=1", status_code=303)
+    target = f"/me/reservations/{r.id}?booked=1"
+    idem.done(303, None, target)
+    return RedirectResponse(target, status_code=303)

@@ -27,10 +27,11 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 @dataclass
 class Viewer:
-    """The signed-in user of a page request and the session's CSRF token."""
+    """The signed-in user of a page request, the session's CSRF token and the session's row id."""
 
     user: User
     csrf_token: str
+    session_id: int | None = None
 
 
 def viewer_for(request: Request, session: Session) -> Viewer | None:
@@ -41,7 +42,7 @@ def viewer_for(request: Request, session: Session) -> Viewer | None:
     if found is None:
         return None
     ws, user = found
-    return Viewer(user=user, csrf_token=ws.csrf_token)
+    return Viewer(user=user, csrf_token=ws.csrf_token, session_id=ws.id)
 
 
 async def form_body(request: Request) -> FormData:

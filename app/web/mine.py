@@ -113,7 +113,8 @@ def end_reservation(
 ) -> Response:
     """Cancel an upcoming reservation or release an active one now (the row is kept)."""
     try:
-        r = reservation_service.end_reservation(session, actor=viewer.user, reservation_id=reservation_id)
+        r = reservation_service.end_reservation(session, actor=viewer.user, reservation_id=reservation_id,
+                                                tz=settings.tz)
     except AppError as e:
         return _failed(request, session, viewer, settings, reservation_id, e)
     return RedirectResponse(f"/me/reservations?done={r.status}", status_code=303)

@@ -21,6 +21,7 @@ from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.errors import AppError, InvalidInput, NotFound
 from app.models import ApiToken, utcnow
 from app.services import calendar as calendar_service
+from app.services import credentials
 from app.services import users as user_service
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
 from app.web.render import page
@@ -46,7 +47,7 @@ def profile_page(
     done: Annotated[str | None, Query(max_length=16)] = None,
 ) -> Response:
     """The account and its API tokens."""
-    notice = "Token revoked." if done == "revoked" else None
+    notice = {"revoked": "Token revoked.", "password": "Password changed; your other sessions were signed out."}.get(done or "")
     return page(request, "profile.html", profile_context(session, viewer=viewer, notice=notice))
 
 
@@ -97,3 +98,24 @@ def revoke_token(token_id: int, viewer: FormViewer, session: WriteSessionDep) ->
         raise NotFound(f"token: you have no token {token_id}", field="token")
     user_service.revoke_api_token(session, user=viewer.user, token_id=token_id)
     return RedirectResponse("/profile?done=revoked", status_code=303)
+
+
+@router.post("/profile/password")
+def change_password(request: Request, viewer: FormViewer, session: WriteSessionDep, form: FormBody) -> Response:
+    """Change the viewer's password (current one required); signs out their other sessions."""
+    def raw(name: str) -> str:
+        value = form.get(name)
+        return value if isinstance(value, str) else ""
+
+    try:
+        if raw("new_password") != raw("confirm_password"):
+            raise InvalidInput("confirm_password: the two new passwords differ", field="confirm_password")
+        credentials.change_own_password(
+            session, user=viewer.user, current=raw("current_password"), new=raw("new_password"),
+            keep_session_id=viewer.session_id,
+        )
+    except AppError as e:
+        session.rollback()
+        ctx = profile_context(session, viewer=viewer, error=e.detail, error_title=e.title, error_field=e.field)
+        return page(request, "profile.html", ctx, status=e.status)
+    return RedirectResponse("/profile?done=password", status_code=303)

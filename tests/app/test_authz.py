@@ -20,6 +20,8 @@ def _row(anon, alice, bob, admin, host, other_host):
 # (method, path template, expected status per actor). "alice" owns {rid}; bob is another member.
 MATRIX = [
     ("GET", "/api/v1/me", _row(401, 200, 200, 200, 403, 403)),
+    # the lab's users have no password, so the "current password" is always wrong: 403
+    ("POST", "/api/v1/me/password", _row(401, 403, 403, 403, 403, 403)),
     ("GET", "/api/v1/users", _row(401, 200, 200, 200, 403, 403)),
     ("POST", "/api/v1/users", _row(401, 403, 403, 201, 403, 403)),
     ("PATCH", "/api/v1/users/{username}", _row(401, 403, 403, 200, 403, 403)),
@@ -67,6 +69,8 @@ def test_authorization_matrix(client, lab, make_host, make_user):
         return r.json()["id"]
 
     def body_for(method: str, path: str) -> dict | None:
+        if path == "/api/v1/me/password":
+            return {"current_password": "not it", "new_password": "long enough"}
         if path == "/api/v1/users" and method == "POST":
             return {"username": f"new{next(seq)}"}
         if path.startswith("/api/v1/users/"):

@@ -103,7 +103,7 @@ def test_length_ahead_concurrency_hosts_and_models(client, lab, make_host):
     rule(client, lab.admin, scope="default", max_duration_seconds=4 * 3600, max_ahead_seconds=7 * 86400,
          max_concurrent_reservations=1, allowed_hosts=["node-01"], allowed_models=["A100"])
     r = book(client, lab.alice, [0], future(2), duration="PT5H")
-    assert r.status_code == 403 and r.json()["rule"] == "max_duration_seconds" and "4h" in r.json()["detail"]
+    assert r.status_code == 403 and r.json()["rule"] == "max_duration_seconds" and "limit of 4 h" in r.json()["detail"]
     r = book(client, lab.alice, [0], future(8 * 24), duration="PT1H")
     assert r.status_code == 403 and r.json()["rule"] == "max_ahead_seconds"
     s = future(3)
