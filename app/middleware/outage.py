@@ -99,8 +99,7 @@ def install_outage_handler(app: FastAPI) -> None:
 
 
 def _is_page(request: Request) -> bool:
-    try:
-        from app.web import is_page_request
-    except ImportError:  # a build without pages
-        return False
-    return is_page_request(request)
+    """A page (routed to a page route, or a browser asking for HTML): answered with an HTML 503."""
+    from app.web.routing import routed_to_page
+
+    return routed_to_page(request)
