@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import text  # noqa: E402
 
-from tests.app.test_query_plans import SEED  # noqa: E402
-from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, pg_available  # noqa: E402
+from testkit.history import SEED  # noqa: E402
+from testkit.pg import PG_SERVER, _create_pg_database, _drop_pg_database, pg_available  # noqa: E402
 
 TARGET_RATIO = 1.2
 HOSTS, GPUS, USERS = 10, 8, 20
