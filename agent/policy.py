@@ -27,9 +27,10 @@ Rules:
   read); system processes: a verified system executable of the host (``exe`` set by the agent:
   root-owned, host mount namespace) run by root or a system account (``uid <
   policy.min_uid``) or whose executable's base name is in ``policy.exempt_process_names``
-  (Xorg, display servers, DCGM: they hold a GPU without being anybody's job); users in ``policy.exempt_users``. The name a
-  process gave itself is never a reason: any user can name a process ``Xorg``. Replayed processes (``owner_status``
-  ``replay``) have no executable to verify: the command's first word stands in for it.
+  (Xorg, display servers, DCGM: they hold a GPU without being anybody's job); users in
+  ``policy.exempt_users``. The name a process gave itself is never a reason: any user can
+  name a process ``Xorg``. Replayed processes (``owner_status`` ``replay``) have no
+  executable to verify: the command's first word stands in for it.
 * An uncovered process is
 
   - ``foreign`` when somebody else holds an active reservation of the device (or of its
@@ -40,7 +41,7 @@ Rules:
     within ``overrun_window`` (``now - window < end <= now``);
   - ``unreserved`` otherwise.
 
-* ``idle`` (judged *now*, debounced by the tracker over ``policy.idle_minutes``): an active
+* ``idle`` (:func:`agent.idle.judge_idle`, judged *now*, debounced by the tracker over ``policy.idle_minutes``): an active
   reservation's device whose process listing worked, that shows no process of the holder (or
   of a user it is shared with) and whose GPU utilization is known and below
   ``policy.idle_utilization_pct``. When utilization is not available (MIG instances) the
@@ -54,8 +55,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from agent.attribution import (
     JUDGED_OWNER_STATUSES,
@@ -65,7 +65,9 @@ from agent.attribution import (
     owner_of,
     process_names,
 )
-from agent.schema import DeviceReport, FindingKind, HostPolicy, ProcessReport, ReservationEntry
+from agent.idle import judge_idle
+from agent.judgement import Judgement, as_utc, entitled, finding_key, is_active
+from agent.schema import DeviceReport, HostPolicy, ProcessReport, ReservationEntry
 
 #: How long after its end a reservation still turns its holder's leftover process into
 #: ``overrun`` rather than ``unreserved`` (a leftover job of the last holder is an overrun for a while, not
@@ -73,75 +75,6 @@ from agent.schema import DeviceReport, FindingKind, HostPolicy, ProcessReport, R
 #: how far back the service's table goes (``reservations.host_table(behind=6 h)``): an older
 #: reservation is not in the agent's table anyway.
 DEFAULT_OVERRUN_WINDOW = timedelta(hours=6)
-
-@dataclass(frozen=True, slots=True)
-class Judgement:
-    """One violation at one instant, before any debouncing.
-
-    ``pid``/``create_time``/process fields are ``None`` for ``idle`` (which is about a
-    reservation, not a process). ``reservation_id``/``holder``: for ``foreign`` the
-    reservation and unix name of the rightful holder now; for ``overrun`` the owner's ended
-    reservation (``holder`` ``None``: nobody holds the device now); for ``idle`` the idle
-    reservation and its holder; for ``unreserved`` both ``None``.
-    """
-
-    kind: FindingKind
-    device_uuid: str
-    reason: str
-    pid: int | None = None
-    create_time: float | None = None
-    unix_user: str | None = None
-    uid: int | None = None
-    command: str | None = None
-    name: str | None = None
-    container_id: str | None = None
-    reservation_id: int | None = None
-    holder: str | None = None
-    reservation_end: datetime | None = None
-    identity: str | None = None
-    container_name: str | None = None
-    container_image: str | None = None
-
-    @property
-    def key(self) -> str:
-        """The stable finding key ``uuid:pid:identity:kind`` (idle: ``uuid:-:r<id>:idle``)."""
-        if self.kind == "idle":
-            return f"{self.device_uuid}:-:r{self.reservation_id}:idle"
-        return finding_key(self.device_uuid, self.pid, self.create_time, self.kind, identity=self.identity)
-
-
-def finding_key(
-    device_uuid: str, pid: int | None, create_time: float | None, kind: str, *, identity: str | None = None
-) -> str:
-    """Return ``uuid:pid:identity:kind``, ``identity`` being ``<start ticks>@<boot id>``, which
-    no clock step moves. Without it (replayed processes) ``create_time`` with 2 decimals
-    (psutil's 10 ms resolution) stands in; ``-`` for ``None``."""
-    if identity:
-        ct = identity
-    else:
-        ct = "-" if create_time is None else f"{create_time:.2f}"
-    return f"{device_uuid}:{pid if pid is not None else '-'}:{ct}:{kind}"
-
-
-def as_utc(value: datetime) -> datetime:
-    """Return ``value`` as an aware UTC datetime; a naive value is taken to be UTC already."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
-def is_active(reservation: ReservationEntry, now: datetime) -> bool:
-    """True when ``now`` lies in the half-open ``[start, end)`` of ``reservation``."""
-    t = as_utc(now)
-    return as_utc(reservation.start) <= t < as_utc(reservation.end)
-
-
-def entitled(reservation: ReservationEntry, unix_user: str | None, uid: int | None = None) -> bool:
-    """True when ``unix_user`` (or, for a host process, its ``uid``) holds ``reservation`` or
-    is shared into it."""
-    if uid is not None and (uid == reservation.unix_uid or uid in reservation.shared_uids):
-        return True
-    return unix_user is not None and (unix_user == reservation.unix_name or unix_user in reservation.shared_with)
 
 
 class _Table:
@@ -269,70 +202,6 @@ def judge_process(
     objects.
     """
     return _judge_one(process, _Table(reservations, devices, open_devices, unix_uids), policy, now, overrun_window)
-
-
-def _holds(r: ReservationEntry, p: ProcessReport, unix_uids: Mapping[int, str] | None) -> bool:
-    user = owner_of(p, unix_uids)
-    return user is not None and entitled(r, user, None if p.container_id else p.uid)
-
-
-def judge_idle(
-    processes: Sequence[ProcessReport],
-    devices: Sequence[DeviceReport],
-    reservations: Sequence[ReservationEntry],
-    policy: HostPolicy,
-    *,
-    now: datetime,
-    unix_uids: Mapping[int, str] | None = None,
-) -> list[Judgement]:
-    """Devices of active reservations that look idle *now* (see the module docstring).
-
-    A device that is not in ``devices`` (not reported, lost) or whose process listing failed
-    is never idle: absence of evidence is not idleness. Utilization is in %.
-    """
-    by_uuid = {d.uuid: d for d in devices}
-    children: dict[str, list[str]] = {}
-    for d in devices:
-        if d.parent_uuid:
-            children.setdefault(d.parent_uuid, []).append(d.uuid)
-    on_device: dict[str, list[ProcessReport]] = {}
-    for p in processes:
-        on_device.setdefault(p.device_uuid.strip(), []).append(p)
-    out: list[Judgement] = []
-    for r in sorted(reservations, key=lambda r: r.id):
-        if not is_active(r, now):
-            continue
-        for uuid in dict.fromkeys(u.strip() for u in r.device_uuids):
-            d = by_uuid.get(uuid)
-            if d is None or d.health != "ok" or d.processes_status != "ok":
-                continue
-            span = [uuid, *children.get(uuid, [])]
-            if any(by_uuid[u].processes_status != "ok" for u in span if u in by_uuid):
-                continue
-            procs = [p for u in span for p in on_device.get(u, ())]
-            if any(_holds(r, p, unix_uids) for p in procs):
-                continue
-            util = d.utilization_gpu
-            if util is None:
-                if any(owner_of(p, unix_uids) is None for p in procs):
-                    continue
-                basis = "utilization n/a, no process of the holder"
-            elif util >= policy.idle_utilization_pct:
-                continue
-            else:
-                basis = f"utilization {util:g}% < {policy.idle_utilization_pct:g}%, no process of the holder"
-            out.append(
-                Judgement(
-                    kind="idle",
-                    device_uuid=uuid,
-                    reason=f"reservation {r.id} of {r.unix_name} idle: {basis}",
-                    unix_user=r.unix_name,
-                    reservation_id=r.id,
-                    holder=r.unix_name,
-                    reservation_end=as_utc(r.end),
-                )
-            )
-    return out
 
 
 def judge(
