@@ -48,6 +48,8 @@ async def request_key(request: Request) -> RequestKey | None:
             key = str(form.get(svc.FORM_FIELD))
         body = sorted((k, v) for k, v in form.multi_items() if k not in _VOLATILE_FIELDS and isinstance(v, str))
     else:
+        if not key:
+            return None  # the booking hot path without a key parses nothing twice
         raw = await request.body()
         try:
             body = json.loads(raw) if raw else None
