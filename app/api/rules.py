@@ -34,6 +34,7 @@ from app.schemas.series import SeriesCancelled, SeriesCreate, SeriesRead
 from app.schemas.user import TokenCreated
 from app.services import cli_login, placement
 from app.services import groups as group_service
+from app.services import limit_usage
 from app.services import rule_admin
 from app.services import rules as rules_service
 from app.services import series as series_service
@@ -185,7 +186,7 @@ def my_usage(
         if not user.is_admin:
             raise Forbidden("user: only admins may see another user's usage", field="user")
         who = user_service.get_user(session, of)
-    u = rules_service.usage(session, user=who, now=utcnow(), tz=settings.tz)
+    u = limit_usage.usage(session, user=who, now=utcnow(), tz=settings.tz)
     return UsageRead(user=u["user"], timezone=u["timezone"], now=u["now"], window=QuotaWindow(**u["window"]),
                      limits=[LimitUsage(**vars(i)) for i in u["limits"]])
 

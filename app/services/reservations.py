@@ -10,7 +10,6 @@ violation is turned into :class:`ReservationConflict` (409) naming the conflicts
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -23,16 +22,15 @@ from app.errors import Forbidden, InvalidInput, NotFound
 from app.models import (
     AuditLog,
     Device,
-    Group,
     Host,
     Reservation,
     ReservationDevice,
-    ReservationShare,
     User,
     utcnow,
 )
 from app.schemas.reservation import DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import lifecycle, placement
+from app.services import shares as share_service
 from app.services import rules as rules_service
 from app.services.conflicts import (UTC_ZONE, conflict_error, devices_sorted, find_conflicts, insert_items,
                                     loaded_options, resolve_bookable_devices, write_guarded)
@@ -90,48 +88,6 @@ def to_read(r: Reservation, now: datetime | None = None) -> ReservationRead:
 
 
 # ---------------------------------------------------------------------------- create / change
-
-
-def _resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationShare]:
-    shares: list[ReservationShare] = []
-    for raw in names:
-        name = raw.strip()
-        if name.startswith("group:"):
-            g = session.scalar(select(Group).where(Group.name == name[6:]))
-            if g is None:
-                raise InvalidInput(f"share_with: no group {name[6:]!r}", field="share_with")
-            shares.append(ReservationShare(group=g, user=None))
-        else:
-            u = session.scalar(select(User).where(User.username == name))
-            if u is None:
-                raise InvalidInput(f"share_with: no user {name!r}", field="share_with")
-            shares.append(ReservationShare(user=u, group=None))
-    return shares
-
-
-def _share_key(s: ReservationShare) -> tuple[int | None, int | None]:
-    """(user id, group id) of a share, new (relationship set) or loaded (ids set)."""
-    user, group = s.__dict__.get("user"), s.__dict__.get("group")
-    return (s.user_id if s.user_id is not None else (user.id if user is not None else None),
-            s.group_id if s.group_id is not None else (group.id if group is not None else None))
-
-
-def _replace_shares(session: Session, r: Reservation, names: Sequence[str], *, actor: User) -> None:
-    """Replace the users/groups ``r`` is shared with (``[]`` clears); never rule-checked."""
-    wanted = _resolve_shares(session, names)
-    if {_share_key(s) for s in wanted} == {_share_key(s) for s in r.shares}:
-        return
-    r.shares.clear()
-    session.flush()
-    r.shares.extend(wanted)
-    session.add(
-        AuditLog(
-            actor=f"user:{actor.username}",
-            action="reservation.share",
-            target=f"reservation:{r.id}",
-            detail={"share_with": sorted(set(n.strip() for n in names))},
-        )
-    )
 
 
 def resolve_owner(session: Session, *, actor: User, username: str | None, override_reason: str | None) -> User:
@@ -210,7 +166,7 @@ def create_reservation(
     )
     # relationships are lazy="raise": initialise collections explicitly on the new object
     r.items = []
-    r.shares = _resolve_shares(session, data.share_with or [])
+    r.shares = share_service.resolve_shares(session, data.share_with or [])
     insert_items(session, r, sorted(devices, key=lambda d: d.id))  # one lock order for every writer
 
     write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz)
@@ -279,7 +235,7 @@ def update_reservation(
     if data.note is not None:
         r.note = data.note
     if data.share_with is not None:
-        _replace_shares(session, r, data.share_with, actor=actor)
+        share_service.replace_shares(session, r, data.share_with, actor=actor)
     if data.end is not None:
         new_end = parse_instant(data.end, tz=data.tz, field="end", now=now, fold=data.fold)
         if new_end <= r.start_at:

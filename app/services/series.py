@@ -48,6 +48,7 @@ from app.services import lifecycle
 from app.services import reservations as reservation_service
 from app.services.intervals import PAST_SLACK
 from app.services import rules as rules_service
+from app.services import shares as share_service
 from app.timeutil import zone
 
 WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
@@ -282,7 +283,7 @@ def _book(
                         created_by_id=actor.id, override_reason=data.override_reason, series_id=series.id,
                         recurrence_start=start, sequence=0, created_at=now, updated_at=now)
         r.items = []
-        r.shares = reservation_service._resolve_shares(session, shares)
+        r.shares = share_service.resolve_shares(session, shares)
         conflict_service.insert_items(session, r, sorted(devices, key=lambda d: d.id))
         conflict_service.write_guarded(session, lambda r=r: session.add(r), devices=devices, start=start, end=end,
                                            exclude_id=None, tz=tz)

@@ -17,6 +17,7 @@ from app.errors import RuleViolation
 from app.models import User
 from app.schemas.reservation import ReservationCreate
 from app.services import reservations as reservation_service
+from app.services import limit_usage
 from app.services import rules as rules_service
 from tests.conftest import process_timezone
 from tests.rules.helpers import rule
@@ -114,7 +115,7 @@ def test_released_reservations_are_charged_until_release_and_cancelled_not_at_al
         s.commit()
     with session_factory() as s:
         alice = s.scalar(select(User).where(User.username == "alice"))
-        u = rules_service.usage(s, user=alice, now=datetime(2026, 5, 6, 8, 0, tzinfo=UTC), tz=BERLIN)
+        u = limit_usage.usage(s, user=alice, now=datetime(2026, 5, 6, 8, 0, tzinfo=UTC), tz=BERLIN)
     hours = {i.rule: i for i in u["limits"]}["max_gpu_hours_7d"].used
     assert hours == pytest.approx(2 * 1.5)  # two devices, 08:00Z–09:30Z
     assert u["window"]["start"] == datetime(2026, 4, 29, 22, 0, tzinfo=UTC)  # 30 April 00:00 Berlin

@@ -1,0 +1,78 @@
+"""What a member has used of each of their limits now (``GET /api/v1/me/usage``,
+``gpuroster usage``): held devices and reservations at an instant, GPU-hours over the
+rolling quota window, and the plain limits, each with the scope it comes from
+(:func:`app.services.rules.resolve_limits`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy.orm import Session
+
+from app.models import User
+from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, quota_window
+from app.services.rules import LIST_LIMITS, resolve_limits
+from app.timeutil import fmt_duration
+
+
+@dataclass
+class UsageItem:
+    rule: str
+    limit: Any
+    used: Any
+    left: Any
+    unit: str
+    scope: str | None
+    detail: str
+
+
+def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[str, Any]:
+    """Each limit of ``user``: its value, what is used now and what is left.
+
+    Devices and reservations count what is held at ``now``; GPU-hours count the seven lab
+    days ending today (booked hours, future parts of today included).
+    """
+    limits = resolve_limits(session, user)
+    today = now.astimezone(tz).date()
+    ws, we = quota_window(today - timedelta(days=WINDOW_DAYS - 1), tz)
+    rows_now = owner_rows(session, owner_id=user.id, start=now, end=now + timedelta(microseconds=1), exclude_id=None)
+    held = len(rows_now)
+    until = min((e for _r, _s, e in rows_now), default=None)
+    res_now = len({rid for rid, _s, _e in rows_now})
+    window_rows = owner_rows(session, owner_id=user.id, start=ws, end=we, exclude_id=None)
+    hours = device_hours(window_rows, ws, we)
+
+    def left(lim: Any, used: float) -> Any:
+        return None if lim is None else max(0, lim - used)
+
+    items: list[UsageItem] = []
+    lim = limits["max_devices"]
+    items.append(UsageItem("max_devices", lim.value, held, left(lim.value, held), "devices", lim.scope,
+                           f"{held} device(s) held now" + (f", the first until {fmt_local(until, tz, now)}" if until else "")))
+    lim = limits["max_concurrent_reservations"]
+    items.append(UsageItem("max_concurrent_reservations", lim.value, res_now, left(lim.value, res_now), "reservations",
+                           lim.scope, f"{res_now} reservation(s) active now"))
+    lim = limits["max_gpu_hours_7d"]
+    items.append(UsageItem("max_gpu_hours_7d", lim.value, round(hours, 4),
+                           None if lim.value is None else round(max(0.0, lim.value - hours), 4), "GPU-hours", lim.scope,
+                           f"{fmt_hours(hours)} GPU-hours booked {ws.astimezone(tz):%a %d %b} – "
+                           f"{(we - timedelta(seconds=1)).astimezone(tz):%a %d %b} ({tz.key})"))
+    for name, unit, what in (("max_duration_seconds", "seconds", "longest reservation"),
+                             ("max_ahead_seconds", "seconds", "how far ahead a reservation may start")):
+        lim = limits[name]
+        items.append(UsageItem(name, lim.value, None, None, unit, lim.scope,
+                               f"{what}: {fmt_duration(lim.value) if lim.value is not None else 'unlimited'}"))
+    for name in LIST_LIMITS:
+        lim = limits[name]
+        items.append(UsageItem(name, lim.value, None, None, "names", lim.scope,
+                               "any" if lim.value is None else ", ".join(lim.value)))
+    return {
+        "user": user.username,
+        "timezone": tz.key,
+        "now": now,
+        "window": {"start": ws, "end": we},
+        "limits": items,
+    }
