@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from agent.procid import stat_fields
 from agent.schema import DeviceReport, ProcessReport, Snapshot
 
 UNLISTED_MIB = 512.0  # above an idle GPU's baseline (driver context, display) with either memory structure
@@ -46,16 +47,10 @@ class ProcStat:
 def read_proc_stat(pid: int, proc: Path = Path("/proc")) -> ProcStat | None:
     """``/proc/PID/stat`` fields 3 (state) and 22 (starttime); ``None`` when gone or unreadable."""
     try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
+        _comm, state, ticks = stat_fields((proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError):
         return None
-    rest = text[text.rfind(")") + 2:].split()
-    if len(rest) < 20:
-        return None
-    try:
-        return ProcStat(rest[0], int(rest[19]))
-    except ValueError:
-        return None
+    return ProcStat(state, ticks)
 
 
 class ProcessDataChecker:

@@ -40,8 +40,9 @@ class ProcessIdentity:
         return f"{self.start_ticks}@{self.boot_id}"
 
 
-def parse_stat(text: str) -> tuple[str, int]:
-    """``(comm, start_ticks)`` from the contents of ``/proc/PID/stat``.
+def stat_fields(text: str) -> tuple[str, str, int]:
+    """``(comm, state, start_ticks)`` from the contents of ``/proc/PID/stat`` (fields 2, 3 and
+    22).
 
     ``comm`` (field 2) is in parentheses and may itself contain spaces and ``)``: the fields
     after it start after the *last* ``)``. Raises ``ValueError`` on malformed input.
@@ -54,7 +55,13 @@ def parse_stat(text: str) -> tuple[str, int]:
     # rest[0] is field 3 (state); field 22 (starttime) is rest[19]
     if len(rest) < 20:
         raise ValueError(f"stat line has {len(rest) + 2} fields, expected at least 22")
-    return text[open_at + 1 : close_at], int(rest[19])
+    return text[open_at + 1 : close_at], rest[0], int(rest[19])
+
+
+def parse_stat(text: str) -> tuple[str, int]:
+    """``(comm, start_ticks)`` from the contents of ``/proc/PID/stat`` (see :func:`stat_fields`)."""
+    comm, _state, ticks = stat_fields(text)
+    return comm, ticks
 
 
 def boot_id(proc: Path = PROC) -> str:
