@@ -84,9 +84,9 @@ def test_d13_book_check_sends_the_csrf_token_in_the_body_never_the_url(admin_bro
 def test_htmx_runs_without_eval():
     from pathlib import Path
 
-    base = (Path(__file__).resolve().parents[2] / "templates" / "base.html").read_text()
+    base = (Path(__file__).resolve().parents[2] / "app" / "templates" / "base.html").read_text()
     assert '"allowEval":false' in base and '"includeIndicatorStyles":false' in base
-    for template in (Path(__file__).resolve().parents[2] / "templates").glob("*.html"):
+    for template in (Path(__file__).resolve().parents[2] / "app" / "templates").glob("*.html"):
         text = template.read_text()
         assert not re.search(r'hx-trigger="[^"]*\[', text), f"{template.name}: a trigger filter needs eval"
         assert "hx-on" not in text and "js:" not in text, template.name
