@@ -207,7 +207,7 @@ def status(
         procs = " ".join(f"{p.get('unix_user') or '?'}:{p.get('name') or p['pid']}({p['pid']})"
                          + (f" {gib(p['used_memory_mib'])}" if p.get("used_memory_mib") else "")
                          for p in d.get("processes", []))
-        gpu = str(d["index"]) if d.get("index") is not None else "-"
+        gpu = d["label"].removeprefix("GPU ")  # the column says GPU already
         if d.get("mig_profile"):
             gpu += f" {d['mig_profile']}"
         rows.append([d["host"], gpu, (d.get("name") or "?").replace("NVIDIA ", ""), mem, util, d["status"], who, until, procs])

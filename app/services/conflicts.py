@@ -7,6 +7,7 @@ exclusion-constraint violation (PostgreSQL) becomes a 409 naming the conflicts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, or_, select
@@ -60,7 +61,8 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
         if dev is None and (isinstance(ref, int) or text.isdigit()):
             dev = by_index.get(int(text))
         if dev is None:
-            raise InvalidInput(f"devices: {text!r} is not a device of host {host.name!r}", field="devices")
+            raise InvalidInput(f"devices: {text!r} is not a device of host {host.name!r}{_slice_hint(session, host, text)}",
+                               field="devices")
         if dev in out:
             raise InvalidInput(f"devices: {text!r} is listed twice", field="devices")
         out.append(dev)
@@ -72,6 +74,20 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
                 field="devices",
             )
     return out
+
+
+def _slice_hint(session: Session, host: Host, text: str) -> str:
+    """For a MIG slice named the way people read it (``GPU 0 · MIG 4``, ``0/4``), the UUID to
+    book it by: a slice is booked by its MIG UUID only, which survives re-indexing."""
+    want = text.lower().replace("gpu", "").replace("mig", "/").replace("·", "").replace(" ", "")
+    want = want.replace("//", "/")
+    devices = list(session.scalars(select(Device).where(Device.host_id == host.id, Device.retired_at.is_(None))))
+    by_id = {d.id: d for d in devices}
+    for d in devices:
+        parent = by_id.get(d.parent_id) if d.parent_id else None
+        if parent is not None and f"{parent.index}/{d.gpu_instance_id}" == want:
+            return f"; book a MIG slice by its UUID: {d.uuid}"
+    return ""
 
 
 def check_health(session: Session, devices: Iterable[Device]) -> None:
@@ -106,6 +122,72 @@ def _overlap_clause(devices: Sequence[Device], start: datetime, end: datetime):
         ReservationDevice.end_at > start,
         or_(*per_device),
     )
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One live reservation that keeps ``device_id`` from being free.
+
+    ``via`` is ``None`` when the reservation names the device itself; otherwise the device
+    it names instead: the whole GPU (for a MIG slice) or one of its MIG slices (for a whole
+    GPU). Sibling slices never hold each other.
+    """
+
+    device_id: int
+    reservation: Reservation
+    via: Device | None = None
+
+
+def holdings(session: Session, *, devices: Sequence[Device], start: datetime, end: datetime) -> dict[int, list[Holding]]:
+    """Device id -> the active reservations overlapping ``[start, end)`` that hold it, by start.
+
+    The same rule as the booking check (``_overlap_clause``): a whole-GPU reservation holds
+    its MIG slices and a MIG-slice reservation holds its whole GPU. Reservations come with
+    their user loaded. One query for all ``devices``.
+    """
+    if not devices:
+        return {}
+    ids = [d.id for d in devices]
+    physical = {d.physical_id for d in devices}
+    rows = session.scalars(
+        select(ReservationDevice)
+        .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start,
+               or_(ReservationDevice.device_id.in_(ids), ReservationDevice.physical_id.in_(physical)))
+        .options(selectinload(ReservationDevice.device),
+                 selectinload(ReservationDevice.reservation).selectinload(Reservation.user))
+        .order_by(ReservationDevice.start_at, ReservationDevice.reservation_id)
+    ).all()
+    out: dict[int, list[Holding]] = {}
+    for d in devices:
+        kind = 1 if d.parent_id else 0
+        found = [
+            Holding(device_id=d.id, reservation=row.reservation, via=None if row.device_id == d.id else row.device)
+            for row in rows
+            if row.device_id == d.id or (row.physical_id == d.physical_id and row.slice_kind != kind)
+        ]
+        if found:
+            out[d.id] = found
+    return out
+
+
+def holder_at(found: Sequence[Holding], at: datetime) -> Holding | None:
+    """The holding in force at ``at`` among ``found`` (one device's): a reservation naming the
+    device itself first, then the earliest start (a whole GPU whose slices are booked by
+    several people shows the first of them)."""
+    live = [h for h in found if h.reservation.start_at <= at < h.reservation.end_at]
+    live.sort(key=lambda h: (h.via is not None, h.reservation.start_at, h.reservation.id))
+    return live[0] if live else None
+
+
+def holders_at(session: Session, *, devices: Sequence[Device], at: datetime) -> dict[int, Holding]:
+    """Device id -> who holds it at the instant ``at`` (devices nobody holds are absent)."""
+    found = holdings(session, devices=devices, start=at, end=at + timedelta(microseconds=1))
+    out = {}
+    for dev_id, items in found.items():
+        h = holder_at(items, at)
+        if h is not None:
+            out[dev_id] = h
+    return out
 
 
 def find_conflicts(

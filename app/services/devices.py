@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from app.errors import NotFound
 from app.models import AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice
+from app.models.states import LIVE_FINDING_STATES, DeviceStatus, HostStatus
 from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, TelemetryRead
+from app.services.conflicts import holder_at, holdings
 
 STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
 
@@ -19,10 +21,10 @@ STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
 def host_status(host: Host, now: datetime) -> tuple[str, float | None]:
     """(status, seconds since the last snapshot): never / stale / the agent's monitoring status."""
     if host.last_seen_at is None:
-        return "never", None
+        return HostStatus.NEVER, None
     age = (now - host.last_seen_at).total_seconds()
     if age > STALE_INTERVALS * (host.interval_seconds or 5.0) + 5:
-        return "stale", age
+        return HostStatus.STALE, age
     return (host.monitoring_status or "ok"), age
 
 
@@ -57,6 +59,18 @@ def list_hosts(session: Session, *, now: datetime) -> list[HostRead]:
     return [host_read(h, now=now, device_count=counts[h.id]) for h in hosts]
 
 
+def device_label(device: Device, parent: Device | None) -> str:
+    """The one name people read for a device: ``"GPU 0"`` for a whole GPU, ``"GPU 0 · MIG 4"``
+    for the MIG slice with GPU-instance id 4 on GPU 0 (``parent``: its whole GPU, ``None``
+    when unknown). Machines use the NVML UUID instead (``MIG-…`` for a slice), which
+    survives re-indexing; the GPU-instance id is what ``nvidia-smi mig -lgi`` lists."""
+    if device.parent_id is None:
+        return f"GPU {device.index}" if device.index is not None else f"GPU {device.uuid}"
+    idx = parent.index if parent is not None and parent.index is not None else "?"
+    gi = device.gpu_instance_id if device.gpu_instance_id is not None else "?"
+    return f"GPU {idx} · MIG {gi}"
+
+
 @dataclass
 class DeviceView:
     """Everything a page or the API shows about one device right now."""
@@ -68,26 +82,26 @@ class DeviceView:
     holder: Reservation | None = None
     next_reservation: Reservation | None = None
     finding_pids: dict[int, str] = field(default_factory=dict)
-    status: str = "free"
+    status: str = DeviceStatus.FREE
 
 
 def _device_status(v: DeviceView, host_state: str) -> str:
     if v.device.retired_at is not None:
-        return "retired"
+        return DeviceStatus.RETIRED
     if v.telemetry is not None and v.telemetry.health == "lost":
-        return "lost"
-    if host_state in ("stale", "never"):
-        return "stale"
-    if host_state in ("down", "misconfigured"):
-        return "monitoring-down"
+        return DeviceStatus.LOST
+    if host_state in (HostStatus.STALE, HostStatus.NEVER):
+        return DeviceStatus.STALE
+    if host_state in (HostStatus.DOWN, HostStatus.MISCONFIGURED):
+        return DeviceStatus.MONITORING_DOWN
     if v.finding_pids:
-        return "finding"
+        return DeviceStatus.FINDING
     users = {p.unix_user for p in v.processes if p.unix_user and p.type != "G"}
     if users:
-        return "in-use"
+        return DeviceStatus.IN_USE
     if v.holder is not None:
-        return "reserved-idle"
-    return "free"
+        return DeviceStatus.RESERVED_IDLE
+    return DeviceStatus.FREE
 
 
 def device_views(
@@ -110,40 +124,20 @@ def device_views(
     procs: dict[int, list[DeviceProcess]] = defaultdict(list)
     for p in session.scalars(select(DeviceProcess).where(DeviceProcess.device_id.in_(ids)).order_by(DeviceProcess.pid)):
         procs[p.device_id].append(p)
-    # current holder and next reservation per device (MIG: a whole-GPU reservation holds its slices)
-    rows = session.execute(
-        select(ReservationDevice.device_id, ReservationDevice.physical_id, ReservationDevice.slice_kind, Reservation)
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .options(selectinload(Reservation.user))
-        .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > now,
-               (ReservationDevice.device_id.in_(ids)) | (ReservationDevice.physical_id.in_(ids)))
-        .order_by(ReservationDevice.start_at)
-    ).all()
-    slices: dict[int, list[int]] = defaultdict(list)  # whole GPU id -> its MIG instances' ids
-    for d in devices:
-        if d.parent_id is not None:
-            slices[d.parent_id].append(d.id)
-    by_dev: dict[int, list[Reservation]] = defaultdict(list)
-    for dev_id, phys_id, kind, r in rows:
-        by_dev[dev_id].append(r)
-        if kind == 0:  # whole GPU: also holds its MIG instances
-            for slice_id in slices.get(phys_id, ()):
-                by_dev[slice_id].append(r)
-        elif r not in by_dev[phys_id]:  # a MIG instance's holder also keeps the whole GPU from being free
-            by_dev[phys_id].append(r)
+    # the rule the booking check applies: a whole GPU and its MIG slices hold each other
+    held = holdings(session, devices=devices, start=now, end=datetime.max.replace(tzinfo=UTC))
     open_findings: dict[int, dict[int, str]] = defaultdict(dict)
-    for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(("open", "notified")))):
+    for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(LIVE_FINDING_STATES))):
         if f.pid is not None:
             open_findings[f.device_id][f.pid] = f.kind
     out = []
     for d in devices:
         v = DeviceView(device=d, host=d.host, telemetry=tele.get(d.id), processes=procs.get(d.id, []),
                        finding_pids=open_findings.get(d.id, {}))
-        for r in sorted(by_dev.get(d.id, []), key=lambda r: r.start_at):
-            if r.start_at <= now < r.end_at and v.holder is None:
-                v.holder = r
-            elif r.start_at > now and v.next_reservation is None:
-                v.next_reservation = r
+        found = held.get(d.id, [])
+        current = holder_at(found, now)
+        v.holder = current.reservation if current is not None else None
+        v.next_reservation = next((h.reservation for h in found if h.reservation.start_at > now), None)
         v.status = _device_status(v, host_status(d.host, now)[0])
         out.append(v)
     out.sort(key=lambda v: (v.host.name, v.device.index if v.device.index is not None else 1 << 30, v.device.parent_id or 0, v.device.gpu_instance_id or 0))
@@ -156,11 +150,14 @@ def _holder(r: Reservation | None) -> HolderRead | None:
     return HolderRead(reservation_id=r.id, user=r.user.username, start=r.start_at, end=r.end_at)
 
 
-def to_device_read(v: DeviceView, parents: dict[int, str]) -> DeviceRead:
+def to_device_read(v: DeviceView, parents: dict[int, Device]) -> DeviceRead:
+    """The API's view of one device; ``parents``: whole GPUs by id (for a MIG slice's name)."""
     t = v.telemetry
+    parent = parents.get(v.device.parent_id) if v.device.parent_id else None
     return DeviceRead(
-        uuid=v.device.uuid, host=v.host.name, index=v.device.index, name=v.device.name, pci_bus_id=v.device.pci_bus_id,
-        memory_total_mib=v.device.memory_total_mib, parent_uuid=parents.get(v.device.parent_id) if v.device.parent_id else None,
+        uuid=v.device.uuid, host=v.host.name, index=v.device.index, label=device_label(v.device, parent),
+        name=v.device.name, pci_bus_id=v.device.pci_bus_id,
+        memory_total_mib=v.device.memory_total_mib, parent_uuid=parent.uuid if parent is not None else None,
         mig_profile=v.device.mig_profile, is_open=v.device.is_open, retired=v.device.retired_at is not None,
         last_seen_at=v.device.last_seen_at,
         telemetry=TelemetryRead.model_validate(t, from_attributes=True) if t is not None else None,
@@ -179,10 +176,10 @@ def list_devices(session: Session, *, now: datetime, host: str | None = None) ->
 
 
 def _reads(session: Session, views: list[DeviceView]) -> list[DeviceRead]:
-    parents = {v.device.id: v.device.uuid for v in views}
+    parents = {v.device.id: v.device for v in views}
     missing = {v.device.parent_id for v in views if v.device.parent_id and v.device.parent_id not in parents}
     if missing:
-        parents.update(dict(session.execute(select(Device.id, Device.uuid).where(Device.id.in_(missing))).all()))
+        parents.update({d.id: d for d in session.scalars(select(Device).where(Device.id.in_(missing)))})
     return [to_device_read(v, parents) for v in views]
 
 

@@ -46,11 +46,12 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.models import Device, Finding, Host, Notice, User, utcnow
+from app.models.states import LIVE_FINDING_STATES
 
 log = logging.getLogger(__name__)
 
 SERVICE_CHANNELS = ("web", "email", "webhook")
-ACTIVE_STATES = ("open", "notified")
+ACTIVE_STATES = LIVE_FINDING_STATES
 SMTP_TIMEOUT_S = 10.0
 WEBHOOK_TIMEOUT_S = 5.0
 STUCK_AFTER = timedelta(minutes=10)
