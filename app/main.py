@@ -9,11 +9,13 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 
 from app import __version__, web
 from app.api import agent, feeds, findings, hosts, metrics, reports, reservations, rules, users
+from app.web import apidocs
 from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory
 from app.errors import PayloadTooLarge, install_error_handlers, problem_response
@@ -88,7 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="GPU reservations for shared lab servers. Authenticate with `Authorization: Bearer <token>`.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # /docs and /redoc from vendored assets: app.web.apidocs
+        redoc_url=None,
         openapi_url="/openapi.json",
     )
     app.state.settings = settings
@@ -101,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     metrics.install(app)  # /metrics and the conflict counter (before the page handlers wrap it)
     web.install(app)  # the pages, the cookie resolver for the API, the page error handlers
+    apidocs.install(app)  # /docs and /redoc, offline
 
     @app.get("/healthz", tags=["ops"], include_in_schema=False)
     def healthz() -> dict[str, str]:
@@ -125,6 +129,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+        @app.get("/favicon.ico", include_in_schema=False)
+        def favicon() -> RedirectResponse:
+            """Browsers ask for /favicon.ico whatever a page links (JSON and API documents too)."""
+            return RedirectResponse("/static/favicon.svg", status_code=301)
     # The Now fragment of a large lab is ~2 MB of HTML every 5 s per open tab: compress.
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
