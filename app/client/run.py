@@ -42,11 +42,12 @@ def run(
     """
     if not cmd:
         raise Fail("give the command after --, e.g. gpuroster run -n 1 --for 2h -- python train.py", USAGE)
-    h = this_host(ctx, host)
     created = False
-    if rid is not None:
+    if rid is not None:  # like ``env --id``: the reservation names its host, this machine need not be one
         r = ctx.api.get(f"/reservations/{rid}")
+        h = host or r["host"]
     else:
+        h = this_host(ctx, host)
         usable = [x for x in active_on(ctx, h) if len(x["devices"]) >= count]
         if usable:
             r = usable[0]

@@ -312,6 +312,22 @@ def test_run_reserves_runs_with_the_environment_and_releases_with_the_exit_statu
     assert {x["state"] for x in _mine(lab)} == {"released"}
 
 
+def test_run_with_id_off_the_gpu_host_runs_like_env_with_id(lab):
+    """This machine is no GPU host the server knows: ``run --id`` uses the reservation's own
+    devices (as ``env --id`` prints them) instead of refusing, and keeps the reservation it
+    did not make."""
+    r = lab.api("POST", "/reservations", lab.alice, json={"host": "node-01", "devices": [3], "start": "now",
+                                                         "duration": "PT1H"}).json()
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    out = lab.cli("run", "--id", str(r["id"]), "--", PY, "-c", code)
+    assert out.returncode == 0, out.stderr
+    env = lab.cli("env", "--id", str(r["id"]))
+    assert f"CUDA_VISIBLE_DEVICES={out.stdout.strip()}" in env.stdout and out.stdout.strip() == lab.devices[3]
+    assert lab.api("GET", f"/reservations/{r['id']}", lab.alice).json()["state"] == "active"
+    out = lab.cli("run", "--id", str(r["id"]), "--host", "node-02", "--", PY, "-c", code)
+    assert out.returncode == 1 and "not on this host (node-02)" in out.stderr
+
+
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_run_passes_ctrl_c_and_sigterm_to_the_command_then_releases(lab, sig, expected):
     ready = lab.tmp / "ready"
