@@ -229,6 +229,11 @@ def test_book_see_conflict_cancel_sign_out(page, live):
     # cancel it
     page.get_by_role("link", name="My reservations").click()
     item = page.locator(f"#r{rid}")
+    asked: list[str] = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))  # "no": nothing happens
+    item.get_by_role("button", name="Cancel").click()
+    assert asked == [f"Cancel reservation #{rid}?"] and "cancelled" not in item.inner_text()
+    page.once("dialog", lambda d: d.accept())
     item.get_by_role("button", name="Cancel").click()
     page.wait_for_url(live.url + "/me/reservations?done=cancelled")
     assert page.locator("#flash .notice").inner_text() == "Reservation cancelled."
