@@ -32,7 +32,6 @@ def test_readme_curl_session(db_url, tmp_path):
     env["ADMIN"] = run_cli(["admin", "create-token", "admin"], env)
     work = tmp_path / "work"
     work.mkdir()
-    (work / "agent").symlink_to(REPO / "agent")
     script = "set -euo pipefail\n" + readme_block()
     with live_server(env, migrate=False) as url:
         env["SERVER"] = url
@@ -46,5 +45,5 @@ def check_output(lines: str) -> None:
     assert '"username":"erin"' in lines
     assert '"cuda_visible_devices":"GPU-' in lines  # the 201 booking
     assert '"status":409' in lines and '"earliest_free_start"' in lines  # the conflict
-    assert '"host":"node-42"' in lines and '"index":3' in lines  # four K80s from the capture
+    assert '"host":"node-42"' in lines and '"index":3' in lines  # the four GPUs it reported
     assert '"state":"cancelled"' in lines
