@@ -273,8 +273,9 @@ def test_form_post_without_csrf_token_is_refused(page, live):
 PAGES = [
     ("now", "/"), ("timeline", "/timeline"), ("timeline-week", "/timeline?view=week"), ("book", "/book"),
     ("my-reservations", "/me/reservations"), ("reservation", None), ("findings", "/findings"), ("admin", "/admin"),
-    ("profile", "/profile"),
+    ("profile", "/profile"), ("usage", "/reports/usage"),
 ]
+API_DOCS = [("api-docs", "/docs", ".swagger-ui .info .title"), ("api-redoc", "/redoc", "redoc h1")]
 
 
 def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
@@ -299,4 +300,8 @@ def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
             assert target.stat().st_size > 10_000
             width = pg.evaluate("document.documentElement.scrollWidth")
             assert width <= viewport["width"], f"{name} scrolls sideways at {label} width ({width}px)"
+        for name, path, ready in API_DOCS:  # rendered from the vendored assets (the run has no internet)
+            pg.goto(live.url + path)
+            pg.wait_for_selector(ready)
+            pg.screenshot(path=str(out / f"{name}-{label}.png"), full_page=name == "api-docs")
         context.close()
