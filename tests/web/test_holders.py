@@ -133,3 +133,11 @@ def test_a_slice_is_booked_by_its_uuid_and_its_name_gets_a_hint_naming_it(client
     assert r.status_code == 422 and r.json()["field"] == "devices"
     assert f"book a MIG slice by its UUID: {GI2}" in r.json()["detail"]
     assert book(client, mig_lab["bob"], [GI2], "now", host="mig-01").status_code == 201
+
+
+def test_my_reservations_and_the_reservation_page_name_the_slice_like_every_other_page(mig_lab, browser_for):
+    alice = browser_for("alice")
+    listing = alice.get("/me/reservations").text
+    assert "GPU 0 · MIG 3" in listing
+    page = alice.get(f"/me/reservations/{mig_lab['reservation']}").text
+    assert "GPU 0 · MIG 3" in page and "MIG 3g.40gb" not in page
