@@ -268,6 +268,8 @@ class Demo:
                 made = run_in_transaction(factory, ensure_demo_users)
                 if made:
                     self.out(f"  demo users created: {', '.join(made)} (Unix names of the replayed processes)")
+                    self.out("  their passwords (shown once, stored hashed): "
+                             + ", ".join(f"{name} {pw}" for name, pw in made.items()))
             for a in agents:
                 run_in_transaction(factory, lambda s, a=a: ensure_host(s, name=a.host, token_file=a.token_file))
             config = self.data_dir / "agents" / "agent.toml"

@@ -140,16 +140,19 @@ def ensure_admin(session: Session, *, username: str = ADMIN) -> AdminResult:
     return AdminResult(created=True, password=password, token=token)
 
 
-def ensure_demo_users(session: Session) -> list[str]:
-    """Create the members of :data:`DEMO_USERS` that do not exist (token-only accounts);
-    returns the usernames created."""
+def ensure_demo_users(session: Session) -> dict[str, str]:
+    """Create the members of :data:`DEMO_USERS` that do not exist, each with a random
+    password so that they can sign in; returns username -> password of those created (to be
+    printed once, like the admin's: only the hashes are stored)."""
     from app.services import users as user_service
 
-    created = []
+    created: dict[str, str] = {}
     for name, _uid, display in DEMO_USERS:
         if session.scalar(select(User.id).where(User.username == name)) is None:
-            user_service.create_user(session, username=name, unix_name=name, display_name=display, actor="demo")
-            created.append(name)
+            password = secrets.token_urlsafe(12)
+            user_service.create_user(session, username=name, unix_name=name, display_name=display, actor="demo",
+                                     password=password)
+            created[name] = password
     return created
 
 
@@ -253,6 +256,20 @@ def _device_order(d: Device) -> tuple[int, int, str]:
     return (d.index if d.index is not None else 1 << 30, d.gpu_instance_id or 0, d.uuid)
 
 
+def _ended_by_a_user(p: PlannedReservation, *, now: datetime):
+    """A query for a demo booking of ``p``'s user and first device, within the demo's booking
+    horizon, that somebody released or cancelled: a later start of the demo must not undo that."""
+    return (
+        select(Reservation.id)
+        .join(ReservationDevice, ReservationDevice.reservation_id == Reservation.id)
+        .join(Device, Device.id == ReservationDevice.device_id)
+        .join(User, User.id == Reservation.user_id)
+        .where(User.username == p.user, Device.uuid == p.uuids[0], Reservation.status.in_(("released", "cancelled")),
+               Reservation.note.startswith(DEMO_NOTE), Reservation.start_at > now - timedelta(hours=RESERVATION_HOURS))
+        .limit(1)
+    )
+
+
 def ensure_reservations(
     session: Session, *, plan: Iterable[PlannedReservation], settings: Settings, now: datetime
 ) -> list[tuple[PlannedReservation, str]]:
@@ -281,6 +298,9 @@ def ensure_reservations(
         q = q.where(Reservation.start_at <= now) if p.start <= now else q.where(Reservation.start_at > now)
         if session.scalar(q.limit(1)) is not None:
             out.append((p, "exists"))
+            continue
+        if session.scalar(_ended_by_a_user(p, now=now)) is not None:
+            out.append((p, "ended by a user; not booked again"))
             continue
         data = ReservationCreate(
             host=p.host, devices=list(p.uuids), start="now" if p.start <= now else p.start.isoformat(),

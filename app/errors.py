@@ -9,7 +9,10 @@ integrity errors that escaped a service become 409.
 from __future__ import annotations
 
 import logging
+import re
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -97,6 +100,31 @@ class PayloadTooLarge(AppError):
     status, title = 413, "Request body too large"
 
 
+_INSTANT = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})")
+
+
+def localize_instants(text: str, tz: ZoneInfo) -> str:
+    """``text`` with every ISO-8601 instant that carries an offset (as services write them:
+    ``2031-05-04T07:00:00+00:00``) given in the lab's zone instead (``2031-05-04 09:00 CEST``),
+    so people read the times of a message as they read the pages. Machine-readable members of
+    a problem (``conflicts``, ``earliest_free_start``) stay in UTC."""
+
+    def local(m: re.Match[str]) -> str:
+        try:
+            t = datetime.fromisoformat(m.group(0).replace("Z", "+00:00"))
+        except ValueError:
+            return m.group(0)
+        t = t.astimezone(tz)
+        return t.strftime("%Y-%m-%d %H:%M" + (":%S" if t.second else "") + " %Z")
+
+    return _INSTANT.sub(local, text)
+
+
+def _lab_zone(request: Request) -> ZoneInfo | None:
+    settings = getattr(request.app.state, "settings", None)
+    return getattr(settings, "tz", None)
+
+
 def problem_response(status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(doc, status_code=status, media_type=PROBLEM, headers=headers)
 
@@ -122,7 +150,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AppError)
     async def _app_error(request: Request, exc: AppError):
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return problem_response(exc.status, exc.to_problem(request.url.path), headers)
+        doc = exc.to_problem(request.url.path)
+        tz = _lab_zone(request)
+        if tz is not None:
+            doc["detail"] = localize_instants(doc["detail"], tz)
+        return problem_response(exc.status, doc, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

@@ -9,12 +9,14 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from app import __version__, web
 from app.api import agent, feeds, findings, hosts, metrics, reports, reservations, rules, users
+from app.web import apidocs
 from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory
 from app.errors import PayloadTooLarge, install_error_handlers, problem_response
@@ -122,7 +124,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="GPU reservations for shared lab servers. Authenticate with `Authorization: Bearer <token>`.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # /docs and /redoc from vendored assets: app.web.apidocs
+        redoc_url=None,
         openapi_url="/openapi.json",
     )
     app.state.settings = settings
@@ -141,6 +144,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from app.middleware.outage import install_outage_handler
 
     install_outage_handler(app)  # database away: 503 problem details / HTML 503, logged once per outage
+    apidocs.install(app)  # /docs and /redoc, offline
 
     @app.get("/healthz", tags=["ops"], include_in_schema=False)
     def healthz() -> dict[str, str]:
@@ -165,6 +169,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+        @app.get("/favicon.ico", include_in_schema=False)
+        def favicon() -> RedirectResponse:
+            """Browsers ask for /favicon.ico whatever a page links (JSON and API documents too)."""
+            return RedirectResponse("/static/favicon.svg", status_code=301)
     # The Now fragment of a large lab is ~2 MB of HTML every 5 s per open tab: compress.
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

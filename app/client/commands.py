@@ -214,7 +214,7 @@ def status(
             procs = (f"[{'defunct (zombie)' if data == 'defunct' else 'unlisted'} process{who_was}] " + procs).strip()
         elif data == "unreliable":
             procs = ("[process data unreliable] " + procs).strip()
-        gpu = str(d["index"]) if d.get("index") is not None else "-"
+        gpu = d["label"].removeprefix("GPU ")  # the column says GPU already
         if d.get("mig_profile"):
             gpu += f" {d['mig_profile']}"
         rows.append([d["host"], gpu, (d.get("name") or "?").replace("NVIDIA ", ""), mem, util, d["status"], who, until, procs])

@@ -58,11 +58,12 @@ def run(
         raise Fail("give the command after --, e.g. gpuroster run -n 1 --for 2h -- python train.py", USAGE)
     if docker and ("run" not in cmd[1:2] or os.path.basename(cmd[0]) not in ("docker", "podman")):
         raise Fail("--docker: give the container command after --, e.g. gpuroster run --docker -- docker run IMAGE", USAGE)
-    h = this_host(ctx, host)
     created = False
-    if rid is not None:
+    if rid is not None:  # like ``env --id``: the reservation names its host, this machine need not be one
         r = ctx.api.get(f"/reservations/{rid}")
+        h = host or r["host"]
     else:
+        h = this_host(ctx, host)
         usable = [x for x in active_on(ctx, h) if len(x["devices"]) >= count]
         if usable:
             r = usable[0]

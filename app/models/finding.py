@@ -10,9 +10,10 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.models.base import Base, utcnow
 from app.models.host import Device, Host
+from app.models.states import FindingKind, FindingState
 
-FINDING_KINDS = ("unreserved", "foreign", "overrun", "idle", "unattributed", "unknown_uid")
-FINDING_STATES = ("open", "notified", "terminated", "resolved")
+FINDING_KINDS = tuple(FindingKind)
+FINDING_STATES = tuple(FindingState)
 
 
 class Finding(Base):

@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-FindingKind = Literal["unreserved", "foreign", "overrun", "idle", "unattributed", "unknown_uid"]
-FindingState = Literal["open", "notified", "terminated", "resolved"]
+from app.models.states import FindingKind, FindingState
 
 
 class NoticeRead(BaseModel):

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.models.states import DeviceStatus, HostStatus
+
 
 class HostCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -39,7 +41,7 @@ class HostRead(BaseModel):
     idle_minutes: int
     last_seen_at: datetime | None
     seconds_since_snapshot: float | None
-    status: str = Field(description="ok | stale | never | down | degraded | no_driver | misconfigured")
+    status: str = Field(description=" | ".join(HostStatus))
     monitoring_message: str | None
     source: str | None = Field(description="nvml | replay")
     replay_of: list[str] | None
@@ -104,9 +106,10 @@ class HolderRead(BaseModel):
 
 
 class DeviceRead(BaseModel):
-    uuid: str
+    uuid: str = Field(description="NVML UUID (MIG-… for a MIG slice): the stable identifier to book and script with")
     host: str
     index: int | None
+    label: str = Field(description='the name people read: "GPU 0", or "GPU 0 · MIG 4" for GPU instance 4 of GPU 0')
     name: str | None
     pci_bus_id: str | None
     memory_total_mib: float | None
@@ -119,8 +122,7 @@ class DeviceRead(BaseModel):
     processes: list[ProcessRead]
     holder: HolderRead | None
     next_reservation: HolderRead | None
-    status: str = Field(description="free | reserved-idle | in-use | finding | occupied-unlisted | unreliable | "
-                        "monitoring-down | stale | lost | retired")
+    status: str = Field(description=" | ".join(DeviceStatus))
 
 
 class DeviceUpdate(BaseModel):

@@ -7,6 +7,7 @@ exclusion-constraint violation (PostgreSQL) becomes a 409 naming the conflicts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -45,7 +46,7 @@ def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) 
     Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
     """
     devices = list(session.scalars(select(Device).where(Device.host_id == host.id, _refs_clause(refs))))
-    return _match_refs(host, refs, devices)
+    return _match_refs(session, host, refs, devices)
 
 
 def _refs_clause(refs: Sequence[str | int]):
@@ -58,9 +59,10 @@ def _refs_clause(refs: Sequence[str | int]):
     )
 
 
-def _match_refs(host: Host, refs: Sequence[str | int], devices: Sequence[Device]) -> list[Device]:
-    """``refs`` mapped onto ``devices`` of ``host`` (no I/O); raises InvalidInput as
-    :func:`resolve_devices` does."""
+def _match_refs(session: Session, host: Host, refs: Sequence[str | int], devices: Sequence[Device]) -> list[Device]:
+    """``refs`` mapped onto ``devices`` of ``host``; raises InvalidInput as
+    :func:`resolve_devices` does (reading the host's devices only to hint at a MIG slice's
+    UUID when a reference is unknown)."""
     by_uuid = {d.uuid: d for d in devices}
     by_index = {d.index: d for d in devices if d.parent_id is None and d.index is not None}
     out: list[Device] = []
@@ -70,7 +72,8 @@ def _match_refs(host: Host, refs: Sequence[str | int], devices: Sequence[Device]
         if dev is None and (isinstance(ref, int) or text.isdigit()):
             dev = by_index.get(int(text))
         if dev is None:
-            raise InvalidInput(f"devices: {text!r} is not a device of host {host.name!r}", field="devices")
+            raise InvalidInput(f"devices: {text!r} is not a device of host {host.name!r}{_slice_hint(session, host, text)}",
+                               field="devices")
         if dev in out:
             raise InvalidInput(f"devices: {text!r} is listed twice", field="devices")
         out.append(dev)
@@ -101,12 +104,24 @@ def resolve_bookable_devices(session: Session, *, host_name: str, refs: Sequence
     if not rows:
         raise NotFound(f"host {host_name!r} not found", field="host")
     host = rows[0][0]
-    devices = _match_refs(host, refs, [d for _h, d, _health in rows if d is not None])
+    devices = _match_refs(session, host, refs, [d for _h, d, _health in rows if d is not None])
     lost = {d.id for _h, d, health in rows if d is not None and health == "lost"}
     if lost:
         names = ", ".join(d.uuid for d in devices if d.id in lost)
         raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
     return host, devices
+def _slice_hint(session: Session, host: Host, text: str) -> str:
+    """For a MIG slice named the way people read it (``GPU 0 · MIG 4``, ``0/4``), the UUID to
+    book it by: a slice is booked by its MIG UUID only, which survives re-indexing."""
+    want = text.lower().replace("gpu", "").replace("mig", "/").replace("·", "").replace(" ", "")
+    want = want.replace("//", "/")
+    devices = list(session.scalars(select(Device).where(Device.host_id == host.id, Device.retired_at.is_(None))))
+    by_id = {d.id: d for d in devices}
+    for d in devices:
+        parent = by_id.get(d.parent_id) if d.parent_id else None
+        if parent is not None and f"{parent.index}/{d.gpu_instance_id}" == want:
+            return f"; book a MIG slice by its UUID: {d.uuid}"
+    return ""
 
 
 def check_health(session: Session, devices: Iterable[Device]) -> None:
@@ -141,6 +156,73 @@ def _overlap_clause(devices: Sequence[Device], start: datetime, end: datetime):
         ReservationDevice.end_at > start,
         or_(*per_device),
     )
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One live reservation that keeps ``device_id`` from being free.
+
+    ``via`` is ``None`` when the reservation names the device itself; otherwise the device
+    it names instead: the whole GPU (for a MIG slice) or one of its MIG slices (for a whole
+    GPU). Sibling slices never hold each other.
+    """
+
+    device_id: int
+    reservation: Reservation
+    via: Device | None = None
+
+
+def holdings(session: Session, *, devices: Sequence[Device], start: datetime, end: datetime) -> dict[int, list[Holding]]:
+    """Device id -> the active reservations overlapping ``[start, end)`` that hold it, by start.
+
+    The same rule as the booking check (``_overlap_clause``): a whole-GPU reservation holds
+    its MIG slices and a MIG-slice reservation holds its whole GPU. Reservations come with
+    their user loaded. One query for all ``devices`` (anything with ``id`` and ``parent_id``:
+    ORM devices or plain rows).
+    """
+    if not devices:
+        return {}
+    ids = [d.id for d in devices]
+    physical = {d.parent_id or d.id for d in devices}
+    rows = session.scalars(
+        select(ReservationDevice)
+        .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start,
+               or_(ReservationDevice.device_id.in_(ids), ReservationDevice.physical_id.in_(physical)))
+        .options(selectinload(ReservationDevice.device),
+                 selectinload(ReservationDevice.reservation).selectinload(Reservation.user))
+        .order_by(ReservationDevice.start_at, ReservationDevice.reservation_id)
+    ).all()
+    out: dict[int, list[Holding]] = {}
+    for d in devices:
+        kind = 1 if d.parent_id else 0
+        found = [
+            Holding(device_id=d.id, reservation=row.reservation, via=None if row.device_id == d.id else row.device)
+            for row in rows
+            if row.device_id == d.id or (row.physical_id == (d.parent_id or d.id) and row.slice_kind != kind)
+        ]
+        if found:
+            out[d.id] = found
+    return out
+
+
+def holder_at(found: Sequence[Holding], at: datetime) -> Holding | None:
+    """The holding in force at ``at`` among ``found`` (one device's): a reservation naming the
+    device itself first, then the earliest start (a whole GPU whose slices are booked by
+    several people shows the first of them)."""
+    live = [h for h in found if h.reservation.start_at <= at < h.reservation.end_at]
+    live.sort(key=lambda h: (h.via is not None, h.reservation.start_at, h.reservation.id))
+    return live[0] if live else None
+
+
+def holders_at(session: Session, *, devices: Sequence[Device], at: datetime) -> dict[int, Holding]:
+    """Device id -> who holds it at the instant ``at`` (devices nobody holds are absent)."""
+    found = holdings(session, devices=devices, start=at, end=at + timedelta(microseconds=1))
+    out = {}
+    for dev_id, items in found.items():
+        h = holder_at(items, at)
+        if h is not None:
+            out[dev_id] = h
+    return out
 
 
 def find_conflicts(

@@ -12,15 +12,16 @@ them), at a fraction of the cost. The status rules are shared with it
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic_core import to_json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice, User
-from app.services.devices import device_status, host_state, owner_label, process_occupies
+from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, User
+from app.services.conflicts import holder_at, holdings
+from app.services.devices import device_status, host_state, owner_label, process_occupies, slice_label
 
 _TELEMETRY = (
     "collected_at", "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w",
@@ -72,40 +73,17 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
         ):
             findings[dev_id][pid] = kind
 
-    # current holder and next reservation (MIG: a whole-GPU reservation holds its slices,
-    # a slice's holder keeps the whole GPU from being free), as app.services.devices does
-    slices: dict[int, list[int]] = defaultdict(list)
-    for d in devices:
-        if d[6] is not None:
-            slices[d[6]].append(d[0])
-    by_dev: dict[int, list[tuple]] = defaultdict(list)
-    held = []
-    for chunk in _chunks(dev_ids):
-        held += session.execute(
-            select(ReservationDevice.id, ReservationDevice.device_id, ReservationDevice.physical_id,
-                   ReservationDevice.slice_kind, Reservation.id, Reservation.start_at, Reservation.end_at, User.username)
-            .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-            .join(User, User.id == Reservation.user_id)
-            .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > now,
-                   ReservationDevice.device_id.in_(chunk) | ReservationDevice.physical_id.in_(chunk))
-        ).all()
-    seen: set[int] = set()
-    for item_id, dev_id, phys_id, kind, rid, start, end, user in sorted(held, key=lambda h: (h[5], h[0])):
-        if item_id in seen:  # matched in two chunks (device in one, its GPU in another)
-            continue
-        seen.add(item_id)
-        r = (start, rid, end, user)
-        by_dev[dev_id].append(r)
-        if kind == 0:
-            for slice_id in slices.get(phys_id, ()):
-                by_dev[slice_id].append(r)
-        elif r not in by_dev[phys_id]:
-            by_dev[phys_id].append(r)
+    # current holder and next reservation: the one holder rule (a whole GPU and its MIG
+    # slices hold each other), applied to plain rows
+    _forever = datetime.max.replace(tzinfo=UTC)
+    held = holdings(session, devices=devices, start=now, end=_forever)
 
     uuids = {d[0]: d[1] for d in devices}
+    indices = {d[0]: d[2] for d in devices}
     missing = {d[6] for d in devices if d[6] is not None and d[6] not in uuids}
     if missing:
-        uuids.update(dict(session.execute(select(Device.id, Device.uuid).where(Device.id.in_(missing))).all()))
+        for pid_, puuid, pindex in session.execute(select(Device.id, Device.uuid, Device.index).where(Device.id.in_(missing))):
+            uuids[pid_], indices[pid_] = puuid, pindex
     states: dict[str, str] = {}
     out: list[tuple[tuple, dict[str, Any]]] = []
     for (dev_id, uuid, index, name, pci, mem, parent_id, mig_profile, is_open, last_seen, gi,
@@ -113,12 +91,11 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
         state = states.get(host_name)
         if state is None:
             state = states[host_name] = host_state(h_seen, h_interval, h_status, now)[0]
-        holder = nxt = None
-        for start, rid, end, user in sorted(by_dev.get(dev_id, ()), key=lambda r: r[0]):
-            if start <= now < end and holder is None:
-                holder = {"reservation_id": rid, "user": user, "start": start, "end": end}
-            elif start > now and nxt is None:
-                nxt = {"reservation_id": rid, "user": user, "start": start, "end": end}
+        found_h = held.get(dev_id, [])
+        current = holder_at(found_h, now)
+        upcoming = next((h for h in found_h if h.reservation.start_at > now), None)
+        holder = _holder_dict(current.reservation) if current is not None else None
+        nxt = _holder_dict(upcoming.reservation) if upcoming is not None else None
         t = tele.get(dev_id)
         found = findings.get(dev_id, {})
         plist = procs.get(dev_id, [])
@@ -132,13 +109,18 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
         )
         key = (host_name, index if index is not None else 1 << 30, parent_id or 0, gi or 0)
         out.append((key, {
-            "uuid": uuid, "host": host_name, "index": index, "name": name, "pci_bus_id": pci, "memory_total_mib": mem,
+            "uuid": uuid, "host": host_name, "index": index,
+            "label": slice_label(index, parent_id, gi, uuid, indices.get(parent_id) if parent_id else None), "name": name, "pci_bus_id": pci, "memory_total_mib": mem,
             "parent_uuid": uuids.get(parent_id) if parent_id else None, "mig_profile": mig_profile,
             "is_open": is_open, "retired": False, "last_seen_at": last_seen, "telemetry": t, "processes": plist,
             "holder": holder, "next_reservation": nxt, "status": status,
         }))
     out.sort(key=lambda x: x[0])
     return [d for _k, d in out]
+
+
+def _holder_dict(r: Reservation) -> dict[str, Any]:
+    return {"reservation_id": r.id, "user": r.user.username, "start": r.start_at, "end": r.end_at}
 
 
 def _chunks(ids: list[int], size: int = 5000) -> list[list[int]]:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from app.errors import NotFound
 from app.models import (
-    AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice, User,
+    AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, User,
 )
+from app.models.states import LIVE_FINDING_STATES, DeviceStatus, HostStatus
 from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, TelemetryRead
+from app.services.conflicts import holder_at, holdings
 
 STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
 CLOCK_TROUBLE_SHOWN = timedelta(days=1)  # an implausible collected_at stays on the host this long
@@ -28,10 +30,10 @@ def host_state(last_seen_at: datetime | None, interval_seconds: float | None, mo
                now: datetime) -> tuple[str, float | None]:
     """:func:`host_status` from the host's columns (UTC instants, seconds)."""
     if last_seen_at is None:
-        return "never", None
+        return HostStatus.NEVER, None
     age = (now - last_seen_at).total_seconds()
     if age > STALE_INTERVALS * (interval_seconds or 5.0) + 5:
-        return "stale", age
+        return HostStatus.STALE, age
     return (monitoring_status or "ok"), age
 
 
@@ -68,6 +70,25 @@ def list_hosts(session: Session, *, now: datetime) -> list[HostRead]:
     return [host_read(h, now=now, device_count=counts[h.id]) for h in hosts]
 
 
+def device_label(device: Device, parent: Device | None) -> str:
+    """The one name people read for a device: ``"GPU 0"`` for a whole GPU, ``"GPU 0 · MIG 4"``
+    for the MIG slice with GPU-instance id 4 on GPU 0 (``parent``: its whole GPU, ``None``
+    when unknown). Machines use the NVML UUID instead (``MIG-…`` for a slice), which
+    survives re-indexing; the GPU-instance id is what ``nvidia-smi mig -lgi`` lists."""
+    return slice_label(device.index, device.parent_id, device.gpu_instance_id, device.uuid,
+                       parent.index if parent is not None else None)
+
+
+def slice_label(index: int | None, parent_id: int | None, gpu_instance_id: int | None, uuid: str,
+                parent_index: int | None) -> str:
+    """:func:`device_label` from a device's columns (plain rows)."""
+    if parent_id is None:
+        return f"GPU {index}" if index is not None else f"GPU {uuid}"
+    idx = parent_index if parent_index is not None else "?"
+    gi = gpu_instance_id if gpu_instance_id is not None else "?"
+    return f"GPU {idx} · MIG {gi}"
+
+
 @dataclass
 class DeviceView:
     """Everything a page or the API shows about one device right now."""
@@ -79,7 +100,7 @@ class DeviceView:
     holder: Reservation | None = None
     next_reservation: Reservation | None = None
     finding_pids: dict[int, str] = field(default_factory=dict)
-    status: str = "free"
+    status: str = DeviceStatus.FREE
     uid_names: dict[int, str] = field(default_factory=dict)
 
     def owner_label(self, p: DeviceProcess) -> str:
@@ -124,24 +145,24 @@ def device_status(*, retired: bool, lost: bool, host_state: str, has_finding: bo
     disagrees with the memory figures), finding, in-use (a compute process, also one whose
     owner nobody can name), reserved-idle, free."""
     if retired:
-        return "retired"
+        return DeviceStatus.RETIRED
     if lost:
-        return "lost"
-    if host_state in ("stale", "never"):
-        return "stale"
-    if host_state in ("down", "misconfigured"):
-        return "monitoring-down"
+        return DeviceStatus.LOST
+    if host_state in (HostStatus.STALE, HostStatus.NEVER):
+        return DeviceStatus.STALE
+    if host_state in (HostStatus.DOWN, HostStatus.MISCONFIGURED):
+        return DeviceStatus.MONITORING_DOWN
     if process_data in ("unlisted", "defunct"):
-        return "occupied-unlisted"  # memory in use by a process NVML does not list: never "free"
+        return DeviceStatus.OCCUPIED_UNLISTED  # memory in use by a process NVML does not list: never "free"
     if process_data == "unreliable":
-        return "unreliable"
+        return DeviceStatus.UNRELIABLE
     if has_finding:
-        return "finding"
+        return DeviceStatus.FINDING
     if computing:
-        return "in-use"
+        return DeviceStatus.IN_USE
     if held:
-        return "reserved-idle"
-    return "free"
+        return DeviceStatus.RESERVED_IDLE
+    return DeviceStatus.FREE
 
 
 def device_views(
@@ -167,40 +188,20 @@ def device_views(
     bare_uids = {p.uid for ps in procs.values() for p in ps if p.owner_status == "uid_only" and p.uid is not None}
     uid_names = dict(session.execute(select(User.unix_uid, User.username).where(User.unix_uid.in_(bare_uids))).all()) \
         if bare_uids else {}
-    # current holder and next reservation per device (MIG: a whole-GPU reservation holds its slices)
-    rows = session.execute(
-        select(ReservationDevice.device_id, ReservationDevice.physical_id, ReservationDevice.slice_kind, Reservation)
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .options(selectinload(Reservation.user))
-        .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > now,
-               (ReservationDevice.device_id.in_(ids)) | (ReservationDevice.physical_id.in_(ids)))
-        .order_by(ReservationDevice.start_at)
-    ).all()
-    slices: dict[int, list[int]] = defaultdict(list)  # whole GPU id -> its MIG instances' ids
-    for d in devices:
-        if d.parent_id is not None:
-            slices[d.parent_id].append(d.id)
-    by_dev: dict[int, list[Reservation]] = defaultdict(list)
-    for dev_id, phys_id, kind, r in rows:
-        by_dev[dev_id].append(r)
-        if kind == 0:  # whole GPU: also holds its MIG instances
-            for slice_id in slices.get(phys_id, ()):
-                by_dev[slice_id].append(r)
-        elif r not in by_dev[phys_id]:  # a MIG instance's holder also keeps the whole GPU from being free
-            by_dev[phys_id].append(r)
+    # the rule the booking check applies: a whole GPU and its MIG slices hold each other
+    held = holdings(session, devices=devices, start=now, end=datetime.max.replace(tzinfo=UTC))
     open_findings: dict[int, dict[int, str]] = defaultdict(dict)
-    for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(("open", "notified")))):
+    for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(LIVE_FINDING_STATES))):
         if f.pid is not None:
             open_findings[f.device_id][f.pid] = f.kind
     out = []
     for d in devices:
         v = DeviceView(device=d, host=d.host, telemetry=tele.get(d.id), processes=procs.get(d.id, []),
                        finding_pids=open_findings.get(d.id, {}), uid_names=uid_names)
-        for r in sorted(by_dev.get(d.id, []), key=lambda r: r.start_at):
-            if r.start_at <= now < r.end_at and v.holder is None:
-                v.holder = r
-            elif r.start_at > now and v.next_reservation is None:
-                v.next_reservation = r
+        found = held.get(d.id, [])
+        current = holder_at(found, now)
+        v.holder = current.reservation if current is not None else None
+        v.next_reservation = next((h.reservation for h in found if h.reservation.start_at > now), None)
         v.status = _device_status(v, host_status(d.host, now)[0])
         out.append(v)
     out.sort(key=lambda v: (v.host.name, v.device.index if v.device.index is not None else 1 << 30, v.device.parent_id or 0, v.device.gpu_instance_id or 0))
@@ -213,11 +214,14 @@ def _holder(r: Reservation | None) -> HolderRead | None:
     return HolderRead(reservation_id=r.id, user=r.user.username, start=r.start_at, end=r.end_at)
 
 
-def to_device_read(v: DeviceView, parents: dict[int, str]) -> DeviceRead:
+def to_device_read(v: DeviceView, parents: dict[int, Device]) -> DeviceRead:
+    """The API's view of one device; ``parents``: whole GPUs by id (for a MIG slice's name)."""
     t = v.telemetry
+    parent = parents.get(v.device.parent_id) if v.device.parent_id else None
     return DeviceRead(
-        uuid=v.device.uuid, host=v.host.name, index=v.device.index, name=v.device.name, pci_bus_id=v.device.pci_bus_id,
-        memory_total_mib=v.device.memory_total_mib, parent_uuid=parents.get(v.device.parent_id) if v.device.parent_id else None,
+        uuid=v.device.uuid, host=v.host.name, index=v.device.index, label=device_label(v.device, parent),
+        name=v.device.name, pci_bus_id=v.device.pci_bus_id,
+        memory_total_mib=v.device.memory_total_mib, parent_uuid=parent.uuid if parent is not None else None,
         mig_profile=v.device.mig_profile, is_open=v.device.is_open, retired=v.device.retired_at is not None,
         last_seen_at=v.device.last_seen_at,
         telemetry=TelemetryRead.model_validate(t, from_attributes=True) if t is not None else None,
@@ -236,10 +240,10 @@ def list_devices(session: Session, *, now: datetime, host: str | None = None) ->
 
 
 def _reads(session: Session, views: list[DeviceView]) -> list[DeviceRead]:
-    parents = {v.device.id: v.device.uuid for v in views}
+    parents = {v.device.id: v.device for v in views}
     missing = {v.device.parent_id for v in views if v.device.parent_id and v.device.parent_id not in parents}
     if missing:
-        parents.update(dict(session.execute(select(Device.id, Device.uuid).where(Device.id.in_(missing))).all()))
+        parents.update({d.id: d for d in session.scalars(select(Device).where(Device.id.in_(missing)))})
     return [to_device_read(v, parents) for v in views]
 
 

@@ -33,11 +33,12 @@ from sqlalchemy.orm import Session
 from agent.schema import FindingReport
 from app.config import Settings
 from app.models import AuditLog, Device, Finding, Host, Notice, Reservation, User
+from app.models.states import LIVE_FINDING_STATES
 from app.schemas.finding import ActionRead, FindingRead, NoticeRead
 from app.services import disclosure
 
 FINAL_STATES = ("terminated", "resolved")
-ACTIVE_STATES = ("open", "notified")
+ACTIVE_STATES = LIVE_FINDING_STATES
 
 
 def _notice_status(delivered: int, detail: str | None) -> str:

@@ -38,16 +38,16 @@ from app.models import (
     Host,
     Notice,
     Reservation,
-    ReservationDevice,
-    User,
 )
+from app.models.states import LIVE_FINDING_STATES, HostStatus
+from app.services.conflicts import holders_at
 from app.services.devices import host_status
 
 MIB = 1024 * 1024
 CONFLICT_ACTION = "reservation.conflict"
 DEVICE_LABELS = ("host", "index", "uuid", "model", "holder")
 PROCESS_LABELS = ("host", "uuid", "pid", "user", "name")
-NOT_UP = ("stale", "never", "down", "misconfigured")
+NOT_UP = (HostStatus.STALE, HostStatus.NEVER, HostStatus.DOWN, HostStatus.MISCONFIGURED)
 
 
 def record_conflict(session: Session, *, path: str, conflicts: list[int], detail: str) -> AuditLog:
@@ -130,28 +130,6 @@ class DatabaseCollector:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _holders(self, device_ids: list[int], parent_of: dict[int, int | None]) -> dict[int, str]:
-        """Username holding each device now; a whole-GPU reservation holds its MIG instances."""
-        if not device_ids:
-            return {}
-        rows = self.session.execute(
-            select(ReservationDevice.device_id, ReservationDevice.slice_kind, User.username)
-            .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-            .join(User, User.id == Reservation.user_id)
-            .where(ReservationDevice.active.is_(True), ReservationDevice.start_at <= self.now,
-                   ReservationDevice.end_at > self.now)
-        ).all()
-        direct: dict[int, str] = {}
-        for dev_id, kind, username in rows:
-            direct[dev_id] = username
-        out: dict[int, str] = {}
-        for dev_id in device_ids:
-            if dev_id in direct:
-                out[dev_id] = direct[dev_id]
-            elif parent_of.get(dev_id) is not None and parent_of[dev_id] in direct:
-                out[dev_id] = direct[parent_of[dev_id]]  # type: ignore[index]
-        return out
-
     def exposition(self) -> bytes:
         """The scrape in the Prometheus text format (``CONTENT_TYPE_LATEST``): the families of
         :meth:`collect` in order, :class:`TextGauge` ones as written, the others through
@@ -212,7 +190,8 @@ class DatabaseCollector:
         parents = dict(devices)
         if missing_parents:
             parents.update({d.id: d for d in s.execute(select(*dev_cols).where(Device.id.in_(missing_parents)))})
-        holders = self._holders(list(devices), {d.id: d.parent_id for d in devices.values()})
+        holders = {dev_id: h.reservation.user.username
+                   for dev_id, h in holders_at(s, devices=list(devices.values()), at=now).items()}
 
         util = TextGauge("gpuroster_device_utilization_percent", "GPU utilization, percent (0-100)", DEVICE_LABELS)
         mem_used = TextGauge("gpuroster_device_memory_used_bytes", "device memory in use, bytes", DEVICE_LABELS)
@@ -268,7 +247,7 @@ class DatabaseCollector:
         open_by: dict[tuple[str, str], int] = defaultdict(int)
         for host_id, kind, n in s.execute(
             select(Finding.host_id, Finding.kind, func.count())
-            .where(Finding.state.in_(("open", "notified")))
+            .where(Finding.state.in_(LIVE_FINDING_STATES))
             .group_by(Finding.host_id, Finding.kind)
         ):
             if host_id in hosts:

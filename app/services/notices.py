@@ -48,14 +48,15 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.models import Device, Finding, Host, Notice, User, utcnow
+from app.models.states import LIVE_FINDING_STATES, FindingKind
 from app.sanitize import chat_text, email_header
 
 log = logging.getLogger(__name__)
 
 SERVICE_CHANNELS = ("web", "email", "webhook")
 #: Findings about a process nobody can be named for: the admins are told.
-ADMIN_KINDS = ("unattributed", "unknown_uid")
-ACTIVE_STATES = ("open", "notified")
+ADMIN_KINDS = (FindingKind.UNATTRIBUTED, FindingKind.UNKNOWN_UID)
+ACTIVE_STATES = LIVE_FINDING_STATES
 SMTP_TIMEOUT_S = 10.0
 WEBHOOK_TIMEOUT_S = 5.0
 STUCK_AFTER = timedelta(minutes=10)

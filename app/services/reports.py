@@ -48,6 +48,7 @@ from app.models import (
     UsageRollup,
     User,
 )
+from app.models.states import FindingKind
 from app.schemas.report import ReservationUsage, UsageReport, UserUsage
 from app.services import ingest
 from app.timeutil import parse_instant
@@ -59,7 +60,7 @@ PERIOD_MAX = datetime(9000, 1, 1, tzinfo=UTC)
 PRUNE_EVERY = timedelta(hours=1)
 PRUNE_ACTION = "history.prune"
 PRUNE_LOCK_KEY = 0x67707275_6E65  # pg advisory lock: one pruner at a time across processes
-FINDING_KINDS = ("unreserved", "foreign", "overrun", "idle")
+FINDING_KINDS = tuple(FindingKind)
 
 
 # ---------------------------------------------------------------------------- the period

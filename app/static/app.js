@@ -33,6 +33,13 @@
     });
   });
 
+  // Forms with data-confirm="question" (Cancel, Release) ask before they are sent; without
+  // JavaScript they are sent as they are. A static file because the pages allow no inline script.
+  document.addEventListener("submit", function (event) {
+    var question = event.target.getAttribute && event.target.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  }, true);
+
   // Book form: show only the inputs of the chosen mode (devices or "any N devices").
   function syncMode(form) {
     var chosen = form.querySelector('input[name="mode"]:checked');

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import AppError, validation_problem
+from app.errors import AppError, localize_instants, validation_problem
 from app.web.deps import Viewer, cookie_user_resolver, viewer_for
 from app.web.render import is_htmx, page
 from app.web.routing import SignInRequired, routed_to_page
@@ -78,7 +78,8 @@ def install_page_error_handlers(app: FastAPI) -> None:
     async def app_error(request: Request, exc: Exception):
         if not routed_to_page(request) or not isinstance(exc, AppError):
             return await api_app_error(request, exc)
-        return await error_page(request, status=exc.status, title=exc.title, detail=exc.detail)
+        tz = request.app.state.settings.tz
+        return await error_page(request, status=exc.status, title=exc.title, detail=localize_instants(exc.detail, tz))
 
     async def validation(request: Request, exc: Exception):
         if not routed_to_page(request) or not isinstance(exc, RequestValidationError):

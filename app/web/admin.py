@@ -61,8 +61,9 @@ def admin_context(session: Session, *, viewer: Viewer, **extra: Any) -> dict[str
                                 d.parent_id is not None, d.gpu_instance_id or 0))
     return {
         "viewer": viewer, "active": "admin", "users": users, "groups": group_service.list_groups(session),
-        "hosts": device_service.list_hosts(session, now=now), "devices": devices, "parents": by_id, "now": now,
-        "conflicts": device_claims.list_conflicts(session), **extra,
+        "hosts": device_service.list_hosts(session, now=now), "devices": devices, "parents": by_id,
+        "labels": {d.id: device_service.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices},
+        "now": now, "conflicts": device_claims.list_conflicts(session), **extra,
     }
 
 

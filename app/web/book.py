@@ -160,16 +160,9 @@ class BookingCheck:
 
 
 def device_names(devices: list[Device]) -> dict[str, str]:
-    """UUID → label (``GPU 0``, ``GPU 0 MIG 3g.40gb``) for the given devices."""
+    """UUID → label (``GPU 0``, ``GPU 0 · MIG 4``: ``device_service.device_label``) for the given devices."""
     by_id = {d.id: d for d in devices}
-    out = {}
-    for d in devices:
-        parent = by_id.get(d.parent_id) if d.parent_id else None
-        if parent is not None:
-            out[d.uuid] = f"GPU {parent.index} MIG {d.mig_profile or d.gpu_instance_id}"
-        else:
-            out[d.uuid] = f"GPU {d.index}" if d.index is not None else d.uuid
-    return out
+    return {d.uuid: device_service.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices}
 
 
 def conflict_lines(conflicts: list[dict[str, Any]] | list[Reservation], names: dict[str, str]) -> list[ConflictLine]:

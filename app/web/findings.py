@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep
 from app.models import User, utcnow
+from app.models.states import LIVE_FINDING_STATES
 from app.schemas.finding import FindingRead
 from app.services import findings as findings_service
 from app.web.deps import PageViewer
@@ -28,7 +29,7 @@ router = page_router()
 
 RECENT_DAYS = 7
 LIMIT = 500
-OPEN_STATES = ("open", "notified")
+OPEN_STATES = LIVE_FINDING_STATES
 KIND_TEXT = {
     "unreserved": "unreserved: no reservation covers the process",
     "foreign": "foreign: the device is reserved by someone else",

@@ -10,12 +10,13 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 from fastapi.responses import RedirectResponse, Response
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.config import Settings
 from app.errors import AppError, InvalidInput, ReservationConflict
-from app.models import Reservation, utcnow
+from app.models import Device, Reservation, utcnow
 from app.schemas.reservation import ReservationUpdate
 from app.services import occupied
 from app.services import reservations as reservation_service
@@ -50,6 +51,16 @@ def my_reservations(session: Session, *, viewer: Viewer, settings: Settings, now
     return out
 
 
+def device_labels(session: Session, reservations: list[Reservation]) -> dict[str, str]:
+    """UUID -> the device's name for people (``GPU 0 · MIG 4``) for the devices of
+    ``reservations``; a MIG slice's name needs its whole GPU, fetched in one query."""
+    devices = {i.device.id: i.device for r in reservations for i in r.items}
+    missing = {d.parent_id for d in devices.values() if d.parent_id and d.parent_id not in devices}
+    if missing:
+        devices.update({d.id: d for d in session.scalars(select(Device).where(Device.id.in_(missing)))})
+    return device_names(list(devices.values()))
+
+
 def export_lines(r: Reservation) -> str:
     """The shell lines that pin a job to the reservation's devices by UUID."""
     return f"export CUDA_VISIBLE_DEVICES={reservation_service.cuda_visible_devices(r)}\nexport CUDA_DEVICE_ORDER=PCI_BUS_ID"
@@ -62,6 +73,7 @@ def _list_page(request: Request, session: Session, viewer: Viewer, settings: Set
     ctx = {
         "viewer": viewer, "active": "mine", "mine": mine,
         "occupied": occupied.warnings_for(session, mine.active + mine.upcoming),
+        "labels": device_labels(session, [*mine.active, *mine.upcoming, *mine.past]),
         "now": now, "state_of": lambda r: reservation_service.reservation_state(r, now), "past_days": PAST_DAYS,
         "cuda": reservation_service.cuda_visible_devices, "refs": lambda r: reservation_service.to_read(r, now).devices,
         "one_hour": timedelta(hours=1), **extra,
@@ -91,7 +103,7 @@ def reservation_page(
         "viewer": viewer, "active": "mine", "r": r, "state": reservation_service.reservation_state(r, now),
         "exports": export_lines(r), "now": now, "can_change": viewer.user.is_admin or r.user_id == viewer.user.id,
         "notice": "Booked. Copy the lines below into the shell that starts your job." if booked else None,
-        "read": reservation_service.to_read(r, now),
+        "read": reservation_service.to_read(r, now), "labels": device_labels(session, [r]),
     }
     return page(request, "reservation.html", ctx)
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep
 from app.models import utcnow
+from app.models.states import DeviceStatus, HostStatus
 from app.schemas.host import HostRead
 from app.services import devices as device_service
 from app.services.devices import DeviceView
@@ -26,25 +27,25 @@ router = page_router()
 REFRESH_SECONDS = 5
 
 DEVICE_BADGES = {
-    "free": "free",
-    "reserved-idle": "reserved, idle",
-    "in-use": "in use",
-    "finding": "finding",
-    "occupied-unlisted": "occupied, unlisted process",
-    "unreliable": "process data unreliable",
-    "monitoring-down": "monitoring down",
-    "stale": "stale agent",
-    "lost": "lost GPU",
-    "retired": "retired",
+    DeviceStatus.FREE: "free",
+    DeviceStatus.RESERVED_IDLE: "reserved, idle",
+    DeviceStatus.IN_USE: "in use",
+    DeviceStatus.FINDING: "finding",
+    DeviceStatus.OCCUPIED_UNLISTED: "occupied, unlisted process",
+    DeviceStatus.UNRELIABLE: "process data unreliable",
+    DeviceStatus.MONITORING_DOWN: "monitoring down",
+    DeviceStatus.STALE: "stale agent",
+    DeviceStatus.LOST: "lost GPU",
+    DeviceStatus.RETIRED: "retired",
 }
 HOST_BADGES = {
-    "ok": "agent ok",
-    "stale": "stale agent",
-    "never": "no snapshot yet",
-    "down": "monitoring down",
-    "degraded": "monitoring degraded",
-    "no_driver": "no NVIDIA driver",
-    "misconfigured": "monitoring misconfigured",
+    HostStatus.OK: "agent ok",
+    HostStatus.STALE: "stale agent",
+    HostStatus.NEVER: "no snapshot yet",
+    HostStatus.DOWN: "monitoring down",
+    HostStatus.DEGRADED: "monitoring degraded",
+    HostStatus.NO_DRIVER: "no NVIDIA driver",
+    HostStatus.MISCONFIGURED: "monitoring misconfigured",
 }
 
 
@@ -67,13 +68,10 @@ class HostCard:
 
 
 def device_label(view: DeviceView, parents: dict[int, DeviceView]) -> str:
-    """``0`` for GPU 0; ``0 · MIG 3g.40gb`` for a MIG instance of GPU 0."""
-    d = view.device
-    if d.parent_id is not None:
-        parent = parents.get(d.parent_id)
-        idx = parent.device.index if parent is not None and parent.device.index is not None else "?"
-        return f"{idx} · MIG {d.mig_profile or d.gpu_instance_id or ''}".rstrip()
-    return str(d.index) if d.index is not None else "?"
+    """The device's name for people (``GPU 0``, ``GPU 0 · MIG 4``: ``device_service.device_label``);
+    ``parents``: the views on the page by device id."""
+    parent = parents.get(view.device.parent_id) if view.device.parent_id is not None else None
+    return device_service.device_label(view.device, parent.device if parent is not None else None)
 
 
 HOSTS_PER_PAGE = 25

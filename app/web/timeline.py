@@ -8,7 +8,6 @@ a MIG reservation blocks its whole GPU, as the service decides (``find_conflicts
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated, Literal
@@ -22,7 +21,9 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.api.deps import SessionDep, SettingsDep
 from app.errors import InvalidInput
-from app.models import Device, Host, Reservation, ReservationDevice, utcnow
+from app.models import Device, Host, utcnow
+from app.services import conflicts as conflict_service
+from app.services.devices import device_label
 from app.web.deps import PageViewer
 from app.web.render import page
 from app.web.routing import page_router
@@ -54,6 +55,7 @@ class Bar:
     href: str
     mine: bool
     released: bool
+    lane: int = 0
 
 
 @dataclass
@@ -75,6 +77,23 @@ class Row:
     model: str
     bars: list[Bar] = field(default_factory=list)
     free: list[FreeSlot] = field(default_factory=list)
+    lanes: int = 1
+
+
+def stack(bars: list[Bar]) -> int:
+    """Give overlapping bars separate lanes (first fit, in the given order) and return how
+    many lanes the row needs: a whole GPU's row carries the bookings of all its MIG slices,
+    which may run at the same time and would otherwise be drawn on top of each other."""
+    ends: list[float] = []  # right edge (%) of the last bar in each lane
+    for b in bars:
+        for lane, right in enumerate(ends):
+            if b.left >= right:
+                b.lane, ends[lane] = lane, b.left + b.width
+                break
+        else:
+            b.lane = len(ends)
+            ends.append(b.left + b.width)
+    return max(1, len(ends))
 
 
 @dataclass
@@ -186,6 +205,17 @@ def _free_slots(
     return slots
 
 
+def _via(h: conflict_service.Holding, device: Device) -> str:
+    """What a bar on ``device``'s row adds to the holder's name when the reservation names
+    another device: ``" · MIG 4"`` (a slice of this GPU, so several slices' bookings on the
+    whole-GPU row stay apart) or ``" (whole GPU)"`` on a slice's row."""
+    if h.via is None:
+        return ""
+    if device.parent_id is None:
+        return " · " + device_label(h.via, device).split(" · ", 1)[-1]
+    return " (whole GPU)"
+
+
 def timeline_view(
     session: Session, *, day: date, view: View, tz: ZoneInfo, now: datetime, viewer_id: int
 ) -> Timeline:
@@ -198,24 +228,8 @@ def timeline_view(
 
     devices = list(session.scalars(select(Device).where(Device.retired_at.is_(None)).options(selectinload(Device.host))))
     by_id = {d.id: d for d in devices}
-    rows_q = (
-        select(ReservationDevice.device_id, ReservationDevice.physical_id, ReservationDevice.slice_kind, Reservation)
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start)
-        .options(selectinload(Reservation.user))
-    )
-    children: dict[int, list[int]] = defaultdict(list)
-    for d in devices:
-        if d.parent_id is not None:
-            children[d.parent_id].append(d.id)
-    held: dict[int, list[tuple[Reservation, str]]] = defaultdict(list)
-    for dev_id, phys_id, kind, r in session.execute(rows_q).all():
-        held[dev_id].append((r, ""))
-        if kind == 0:  # a whole GPU holds its MIG instances
-            for child in children.get(dev_id, []):
-                held[child].append((r, " (whole GPU)"))
-        elif phys_id in by_id:  # a MIG instance blocks its whole GPU
-            held[phys_id].append((r, " (MIG)"))
+    # the rule the booking check applies: a whole GPU and its MIG slices hold each other
+    held = conflict_service.holdings(session, devices=devices, start=start, end=end)
 
     col_starts, cells = _cells(day, view, tz, start, end)
     fmt = "%H" if view == "day" else "%a %d"
@@ -233,26 +247,24 @@ def timeline_view(
 
     hosts: dict[str, list[Row]] = {}
     for d in sorted(devices, key=sort_key):
-        parent = by_id.get(d.parent_id) if d.parent_id else None
-        if parent is not None:
-            label = f"GPU {parent.index} · MIG {d.mig_profile or d.gpu_instance_id}"
-        else:
-            label = f"GPU {d.index if d.index is not None else '?'}"
+        label = device_label(d, by_id.get(d.parent_id) if d.parent_id else None)
         row = Row(device=d, label=label, model=d.name or "unknown model")
         seen: set[int] = set()
-        for r, suffix in sorted(held.get(d.id, []), key=lambda x: x[0].start_at):
+        for h in held.get(d.id, []):
+            r = h.reservation
             if r.id in seen:
                 continue
             seen.add(r.id)
             s, e = max(r.start_at, start), min(r.end_at, end)
             local_s, local_e = r.start_at.astimezone(tz), r.end_at.astimezone(tz)
-            text = r.user.username + suffix + (f" · {r.note}" if r.note else "")
+            text = r.user.username + _via(h, d) + (f" · {r.note}" if r.note else "")
             row.bars.append(Bar(
                 left=pct(s), width=max(pct(e) - pct(s), 0.3), label=text,
                 title=f"#{r.id} {text}: {local_s:%a %d %b %H:%M} – {local_e:%a %d %b %H:%M} ({r.status})",
                 href=f"/me/reservations/{r.id}", mine=r.user_id == viewer_id, released=r.status == "released",
             ))
-        busy = [(r.start_at, r.end_at) for r, _ in held.get(d.id, [])]
+        row.lanes = stack(row.bars)
+        busy = [(h.reservation.start_at, h.reservation.end_at) for h in held.get(d.id, [])]
         row.free = _free_slots(host=d.host.name, device=d, busy=busy, start=start, end=end, now=now, cells=cells,
                                max_length=max_length, tz=tz, pct=pct)
         hosts.setdefault(d.host.name, []).append(row)

@@ -344,6 +344,20 @@ def test_status_names_unattributed_containers_and_unknown_uids(lab, server):
     assert out.returncode == 0, out.stderr
     assert "[unattributed container]:python(41001)" in out.stdout
     assert "[uid 20001, unknown to gpuroster]:python(20011)" in out.stdout and "in-use" in out.stdout
+def test_run_with_id_off_the_gpu_host_runs_like_env_with_id(lab):
+    """This machine is no GPU host the server knows: ``run --id`` uses the reservation's own
+    devices (as ``env --id`` prints them) instead of refusing, and keeps the reservation it
+    did not make."""
+    r = lab.api("POST", "/reservations", lab.alice, json={"host": "node-01", "devices": [3], "start": "now",
+                                                         "duration": "PT1H"}).json()
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    out = lab.cli("run", "--id", str(r["id"]), "--", PY, "-c", code)
+    assert out.returncode == 0, out.stderr
+    env = lab.cli("env", "--id", str(r["id"]))
+    assert f"CUDA_VISIBLE_DEVICES={out.stdout.strip()}" in env.stdout and out.stdout.strip() == lab.devices[3]
+    assert lab.api("GET", f"/reservations/{r['id']}", lab.alice).json()["state"] == "active"
+    out = lab.cli("run", "--id", str(r["id"]), "--host", "node-02", "--", PY, "-c", code)
+    assert out.returncode == 1 and "not on this host (node-02)" in out.stderr
 
 
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

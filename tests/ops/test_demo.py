@@ -13,7 +13,7 @@ from sqlalchemy import select
 from app import demo
 from app.db import run_in_transaction
 from app.models import Host, User
-from app.security import token_hash
+from app.security import token_hash, verify_password
 from app.services.hosts import HOST_RE
 
 
@@ -57,8 +57,12 @@ def test_seeding_is_idempotent_and_host_tokens_follow_the_database(session_facto
         admin = s.scalar(select(User).where(User.username == demo.ADMIN))
         assert admin.is_admin and admin.password_hash and first.password not in admin.password_hash
 
-    assert run_in_transaction(session_factory, demo.ensure_demo_users) == ["alice", "bob", "carol", "dave"]
-    assert run_in_transaction(session_factory, demo.ensure_demo_users) == []
+    made = run_in_transaction(session_factory, demo.ensure_demo_users)
+    assert list(made) == ["alice", "bob", "carol", "dave"] and all(len(pw) >= 12 for pw in made.values())
+    assert run_in_transaction(session_factory, demo.ensure_demo_users) == {}
+    with session_factory() as s:  # they can sign in with the printed password
+        alice = s.scalar(select(User).where(User.username == "alice"))
+        assert verify_password(made["alice"], alice.password_hash) and made["alice"] not in alice.password_hash
 
     token_file = tmp_path / "agents" / "h1" / "token"
     assert run_in_transaction(session_factory, lambda s: demo.ensure_host(s, name="h1", token_file=token_file))
@@ -123,6 +127,17 @@ def test_planned_reservations_show_every_now_page_state(client, session_factory,
         elif users:
             assert d["holder"] and d["holder"]["user"] in users, "in use by the holder"
     assert any(d["next_reservation"] and d["status"] == "free" for d in devices), "a free device booked later"
+
+    # a user releases (or cancels) a demo booking: the next start of the demo leaves it ended
+    first_id = int(done[0][1].removeprefix("booked #"))
+    assert client.delete(f"/api/v1/reservations/{first_id}", headers={"Authorization": f"Bearer {admin.token}"}).status_code == 200
+    later = datetime.now(UTC)
+    third = run_in_transaction(session_factory, lambda s: demo.ensure_reservations(
+        s, plan=demo.plan_reservations(s, hosts=hosts, now=later), settings=settings, now=later))
+    ended = [p for p, outcome in third if outcome == "ended by a user; not booked again"]
+    assert [(p.user, p.uuids) for p in ended] == [(done[0][0].user, done[0][0].uuids)], third
+    assert not any(outcome.startswith("booked #") for _, outcome in third), third
+
     replayed = client.get("/api/v1/hosts", headers=auth).json()
     assert {h["name"]: h["source"] for h in replayed} == {n: "replay" for n in hosts}
 

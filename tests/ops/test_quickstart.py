@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.test_readme import check_output, readme_block
 
 pytestmark = pytest.mark.slow
 
@@ -125,6 +126,9 @@ def test_readme_quick_start_on_a_fresh_clone(clone, tmp_path):
     try:
         url = out.wait_for(r"Open (http://\S+?)/? and sign in", 600 if FULL_INSTALL else 120, proc).group(1)
         password = out.wait_for(r"Admin password \(shown once, stored hashed\): (\S+)", 5, proc).group(1)
+        admin_token = out.wait_for(r"Admin API token \(shown once\): (\S+)", 5, proc).group(1)
+        member_pw = dict(re.findall(r"(\w+) (\S+)(?:,|$)", out.wait_for(
+            r"their passwords \(shown once, stored hashed\): (.+)", 5, proc).group(1)))
         assert url == f"http://127.0.0.1:{port}"
         for child in psutil.Process(proc.pid).children(recursive=True):
             descendants[child.pid] = child
@@ -159,6 +163,30 @@ def test_readme_quick_start_on_a_fresh_clone(clone, tmp_path):
             assert ("replay-pai-nvidia-smi-out-of-order", 58642, "bob") in findings
             states = {d["status"] for d in devices}
             assert {"free", "reserved-idle", "in-use", "finding"} <= states, states
+
+            # the README's curl session, verbatim, leaves the demo's own data alone
+            def demo_data() -> tuple:
+                rs = api.get("/api/v1/reservations", params={"limit": 500}).json()["items"]
+                return (sorted((r["id"], r["user"], r["state"], r["start"], r["end"]) for r in rs if r["user"] != "erin"),
+                        sorted(u["username"] for u in api.get("/api/v1/users").json() if u["username"] != "erin"),
+                        sorted(h["name"] for h in api.get("/api/v1/hosts").json() if h["name"] != "node-42"))
+
+            before = demo_data()
+            bins = clone / ".venv" / "bin" if FULL_INSTALL else Path(sys.executable).parent
+            script_env = {**env, "ADMIN": admin_token, "SERVER": url, "PATH": f"{bins}{os.pathsep}{env['PATH']}"}
+            run = subprocess.run(["bash", "-c", "set -euo pipefail\n" + readme_block()], cwd=clone, env=script_env,
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+            try:
+                check_output(run.stdout)
+            except AssertionError as e:
+                raise AssertionError(f"README session output:\n{run.stdout}\n{run.stderr[-2000:]}") from e
+            assert demo_data() == before
+
+        with httpx.Client(base_url=url, timeout=10) as member:  # a demo user signs in with the printed password
+            assert sorted(member_pw) == ["alice", "bob", "carol", "dave"]
+            r = member.post("/api/v1/auth/token", json={"username": "carol", "password": member_pw["carol"]})
+            assert r.status_code == 201, r.text
 
         with httpx.Client(base_url=url, timeout=10) as browser:
             _web_sign_in(browser, password)

@@ -74,7 +74,10 @@ def test_wheel_carries_templates_static_files_migrations_and_alembic_ini(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("app/alembic.ini", "app/migrations/env.py", "app/migrations/script.py.mako",
                    "app/migrations/versions/0001_initial_schema.py", "app/templates/base.html",
-                   "app/static/htmx.min.js", "app/static/app.css", "agent/captures/SOURCES.md"):
+                   "app/static/htmx.min.js", "app/static/app.css", "agent/captures/SOURCES.md",
+                   "app/static/favicon.svg", "app/static/swagger-init.js", "app/static/vendor/SOURCES.md",
+                   "app/static/vendor/swagger-ui/swagger-ui-bundle.js", "app/static/vendor/swagger-ui/LICENSE",
+                   "app/static/vendor/redoc/redoc.standalone.js", "app/static/vendor/redoc/LICENSE"):
         assert needed in names, needed
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
 

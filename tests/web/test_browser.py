@@ -229,6 +229,11 @@ def test_book_see_conflict_cancel_sign_out(page, live):
     # cancel it
     page.get_by_role("link", name="My reservations").click()
     item = page.locator(f"#r{rid}")
+    asked: list[str] = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))  # "no": nothing happens
+    item.get_by_role("button", name="Cancel").click()
+    assert asked == [f"Cancel reservation #{rid}?"] and "cancelled" not in item.inner_text()
+    page.once("dialog", lambda d: d.accept())
     item.get_by_role("button", name="Cancel").click()
     page.wait_for_url(live.url + "/me/reservations?done=cancelled")
     assert page.locator("#flash .notice").inner_text() == "Reservation cancelled."
@@ -268,8 +273,9 @@ def test_form_post_without_csrf_token_is_refused(page, live):
 PAGES = [
     ("now", "/"), ("timeline", "/timeline"), ("timeline-week", "/timeline?view=week"), ("book", "/book"),
     ("my-reservations", "/me/reservations"), ("reservation", None), ("findings", "/findings"), ("admin", "/admin"),
-    ("profile", "/profile"),
+    ("profile", "/profile"), ("usage", "/reports/usage"),
 ]
+API_DOCS = [("api-docs", "/docs", ".swagger-ui .info .title"), ("api-redoc", "/redoc", "redoc h1")]
 
 
 def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
@@ -294,6 +300,10 @@ def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
             assert target.stat().st_size > 10_000
             width = pg.evaluate("document.documentElement.scrollWidth")
             assert width <= viewport["width"], f"{name} scrolls sideways at {label} width ({width}px)"
+        for name, path, ready in API_DOCS:  # rendered from the vendored assets (the run has no internet)
+            pg.goto(live.url + path)
+            pg.wait_for_selector(ready)
+            pg.screenshot(path=str(out / f"{name}-{label}.png"), full_page=name == "api-docs")
         context.close()
 
 
