@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from app.errors import Conflict, InvalidInput, NotFound, ReservationConflict
 from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
@@ -188,8 +188,9 @@ def holdings(session: Session, *, devices: Sequence[Device], start: datetime, en
         select(ReservationDevice)
         .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start,
                or_(ReservationDevice.device_id.in_(ids), ReservationDevice.physical_id.in_(physical)))
-        .options(selectinload(ReservationDevice.device),
-                 selectinload(ReservationDevice.reservation).selectinload(Reservation.user))
+        # one statement: the device and the reservation with its user joined in
+        .options(joinedload(ReservationDevice.device),
+                 joinedload(ReservationDevice.reservation).joinedload(Reservation.user))
         .order_by(ReservationDevice.start_at, ReservationDevice.reservation_id)
     ).all()
     out: dict[int, list[Holding]] = {}
