@@ -2,6 +2,7 @@
 
 from app.models.base import Base, UTCDateTime, utcnow
 from app.models.finding import AuditLog, Finding, Notice
+from app.models.identity import NOTICE_KINDS, NoticePreference, NotifyTarget
 from app.models.host import Device, DeviceProcess, DeviceTelemetry, Host, HostSnapshot, UsageRollup
 from app.models.reservation import Reservation, ReservationDevice, ReservationSeries, ReservationShare
 from app.models.rule import SharingRule
@@ -11,5 +12,5 @@ __all__ = [
     "Base", "UTCDateTime", "utcnow", "AuditLog", "Finding", "Notice", "Device", "DeviceProcess",
     "DeviceTelemetry", "Host", "HostSnapshot", "UsageRollup", "Reservation", "ReservationDevice",
     "ReservationSeries", "ReservationShare", "SharingRule", "ApiToken", "Group", "GroupMember",
-    "LoginAttempt", "User", "WebSession",
+    "LoginAttempt", "User", "WebSession", "NOTICE_KINDS", "NoticePreference", "NotifyTarget",
 ]

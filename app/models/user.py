@@ -25,6 +25,10 @@ class User(Base):
     unix_name: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16), default="member")
     password_hash: Mapped[str | None] = mapped_column(String(256))
+    # Set by directory sign-in (LDAP ``uidNumber``); lets process owners be matched by uid.
+    unix_uid: Mapped[int | None] = mapped_column(unique=True)
+    # Who vouches for the password: "local" (password_hash), "ldap" or "oidc" (the directory/provider).
+    auth_source: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     feed_token: Mapped[str | None] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
