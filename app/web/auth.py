@@ -9,6 +9,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.models import utcnow
+from app.services import ldap_auth
 from app.web import sessions as web_sessions
 from app.web.deps import FormBody, FormViewer, form_str, viewer_for
 from app.web.render import page
@@ -82,6 +83,10 @@ def login(request: Request, session: WriteSessionDep, settings: SettingsDep, for
     except web_sessions.TooManyAttempts as e:
         return _login_form(request, settings, next_url=target, username=username, status=429,
                            error_title=e.title, error=e.detail, error_field="username")
+    except ldap_auth.DirectoryUnavailable as e:
+        return _login_form(request, settings, next_url=target, username=username, status=503,
+                           error_title=e.title, error=e.detail + "; local accounts can still sign in",
+                           error_field="username")
     except web_sessions.SignInFailed as e:
         # the failed attempt was recorded in this transaction: returning (not raising) commits it
         return _login_form(request, settings, next_url=target, username=username, status=401,

@@ -28,6 +28,7 @@ from app.config import Settings
 from app.errors import AppError, Unauthorized
 from app.models import LoginAttempt, User, WebSession
 from app.security import constant_time_equal, token_hash, verify_password
+from app.services import ldap_auth
 
 SESSION_COOKIE = "gpuroster_session"
 LOGIN_COOKIE = "gpuroster_signin"
@@ -91,6 +92,10 @@ def sign_in(
         )
     user = session.scalar(select(User).where(User.username == username)) if username else None
     ok = verify_password(password, user.password_hash if user is not None and user.active else None)
+    if not ok and ldap_auth.enabled(settings) and (user is None or user.auth_source == "ldap"):
+        # local accounts are checked first, so they keep working while the directory is down
+        user = ldap_auth.sign_in_user(session, settings=settings, username=username, password=password)
+        ok = user is not None
     if not ok or user is None:
         session.add(LoginAttempt(username=username, address=address, at=now))
         session.flush()
