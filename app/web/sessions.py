@@ -157,3 +157,14 @@ def signin_token_ok(settings: Settings, nonce: str | None, given: str | None) ->
     if not nonce or not given:
         return False
     return constant_time_equal(signin_token(settings, nonce), given)
+
+
+def open_session(session: Session, *, user: User, settings: Settings, now: datetime) -> SignedIn:
+    """Open a browser session for ``user``, already authenticated elsewhere (single sign-on)."""
+    session.execute(delete(WebSession).where(WebSession.user_id == user.id, WebSession.expires_at <= now))
+    value = secrets.token_urlsafe(32)
+    ws = WebSession(token_hash=token_hash(value), user_id=user.id, csrf_token=secrets.token_urlsafe(32), created_at=now,
+                    expires_at=now + timedelta(hours=settings.session_hours))
+    session.add(ws)
+    session.flush()
+    return SignedIn(web_session=ws, cookie_value=value, user=user)
