@@ -86,7 +86,7 @@ def slapd(tmp_path_factory):
         if IN_CI:
             pytest.fail("slapd is not installed: CI must run the LDAP tests (apt-get install slapd ldap-utils)")
         pytest.skip("slapd not installed (apt-get install slapd ldap-utils)")
-    with running_slapd(tmp_path_factory.mktemp("slapd"), DIRECTORY) as server:
+    with running_slapd(tmp_path_factory.mktemp("slapd"), DIRECTORY, tls=True) as server:
         yield server
 
 
@@ -198,3 +198,22 @@ def test_api_tokens_keep_working_for_directory_accounts(ldap_client):
         plain = user_service.create_api_token(s, user=user_service.get_user(s, "lina"))[1]
     r = TestClient(ldap_client.app).get("/api/v1/me", headers={"Authorization": f"Bearer {plain}"})
     assert r.status_code == 200 and r.json()["username"] == "lina"
+
+
+@pytest.mark.parametrize("mode", ["starttls", "ldaps"])
+def test_sign_in_over_starttls_and_ldaps_with_the_labs_ca(settings, slapd, mode):
+    from app.main import create_app
+
+    url = slapd.url if mode == "starttls" else slapd.ldaps_url
+    conf = ldap_settings(settings, url).model_copy(update={"ldap_starttls": mode == "starttls", "ldap_ca_file": slapd.ca_file})
+    with TestClient(create_app(conf)) as c:
+        assert post_login(c, "lina", "lina-password").status_code == 303
+
+
+def test_untrusted_directory_certificate_is_a_503_not_a_sign_in(settings, slapd):
+    from app.main import create_app
+
+    conf = ldap_settings(settings, slapd.url).model_copy(update={"ldap_starttls": True, "ldap_ca_file": None})
+    with TestClient(create_app(conf)) as c:
+        r = post_login(c, "lina", "lina-password")
+        assert r.status_code == 503 and "Directory unavailable" in r.text
