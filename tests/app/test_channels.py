@@ -167,3 +167,15 @@ def test_notify_targets_api(client, make_user):
         "findings": True, "approvals": True, "waitlist": False, "no_shows": True, "quarantine": True}
     assert client.put("/api/v1/me/notice-preferences", json={"spam": True}, headers=alice.headers).status_code == 422
     assert client.get("/api/v1/me/notice-preferences", headers=alice.headers).json()["waitlist"] is False
+
+
+def test_every_url_in_docs_notices_is_accepted_by_apprise():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "notices.md").read_text()
+    urls = re.findall(r"`((?:slack|mmosts?|workflows|matrixs|tgram|dingtalk|wecombot|feishu|lark|mailtos)://[^`\s]+)`", doc)
+    urls += re.findall(r'"((?:mmost|dingtalk|wecombot|tgram)://[^"]+)"', doc)
+    assert len(urls) >= 12
+    for url in urls:
+        assert channels.validate_url(url) == url
