@@ -176,6 +176,7 @@ def test_every_url_in_docs_notices_is_accepted_by_apprise():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "notices.md").read_text()
     urls = re.findall(r"`((?:slack|mmosts?|workflows|matrixs|tgram|dingtalk|wecombot|feishu|lark|mailtos)://[^`\s]+)`", doc)
     urls += re.findall(r'"((?:mmost|dingtalk|wecombot|tgram)://[^"]+)"', doc)
+    urls = [u for u in urls if "…" not in u]  # prose that elides a token, not an example
     assert len(urls) >= 12
     for url in urls:
         assert channels.validate_url(url) == url
