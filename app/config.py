@@ -64,6 +64,38 @@ class Settings(BaseSettings):
     smtp_password: str | None = None
     smtp_starttls: bool = False
     webhook_url: str | None = None
+    notify_urls: list[str] = Field(default_factory=list, description="deployment-wide apprise URLs (JSON list)")
+    # LDAP sign-in (app/services/ldap_auth.py; docs/auth.md)
+    ldap_url: str | None = Field(default=None, description="ldap://host:389 or ldaps://host:636; unset: no LDAP")
+    ldap_starttls: bool = Field(default=False, description="upgrade ldap:// with StartTLS before binding")
+    ldap_ca_file: Path | None = Field(default=None, description="CA bundle for LDAPS/StartTLS")
+    ldap_tls_verify: bool = Field(default=True, description="verify the directory's certificate")
+    ldap_bind_dn: str | None = Field(default=None, description="service account that searches users")
+    ldap_bind_password: str | None = None
+    ldap_user_base: str = Field(default="", description="search base for users, e.g. ou=people,dc=lab,dc=org")
+    ldap_user_filter: str = Field(default="(&(objectClass=posixAccount)(uid={username}))")
+    ldap_email_attr: str = "mail"
+    ldap_uid_attr: str = "uidNumber"
+    ldap_unix_name_attr: str = "uid"
+    ldap_display_name_attr: str = "cn"
+    ldap_group_base: str | None = Field(default=None, description="search base for groups; unset: no group sync")
+    ldap_group_filter: str = Field(default="(|(memberUid={username})(member={dn})(uniqueMember={dn}))")
+    ldap_group_name_attr: str = "cn"
+    ldap_groups: dict[str, str] = Field(default_factory=dict, description="directory group -> gpuroster group (JSON)")
+    ldap_admin_group: str | None = Field(default=None, description="directory group whose members are admins")
+    ldap_timeout_seconds: float = Field(default=5.0, gt=0)
+    # OIDC sign-in (app/services/oidc.py; docs/auth.md)
+    oidc_discovery_url: str | None = Field(default=None, description=".../.well-known/openid-configuration; unset: no OIDC")
+    oidc_client_id: str | None = None
+    oidc_client_secret: str | None = None
+    oidc_scopes: str = "openid profile email"
+    oidc_label: str = Field(default="single sign-on", description="the button's name on the sign-in page")
+    oidc_username_claim: str = "preferred_username"
+    oidc_email_claim: str = "email"
+    oidc_groups_claim: str = "groups"
+    oidc_groups: dict[str, str] = Field(default_factory=dict, description="provider group -> gpuroster group (JSON)")
+    oidc_admin_group: str | None = None
+    oidc_timeout_seconds: float = Field(default=10.0, gt=0)
     # History
     rollup_retention_days: int = Field(default=90, ge=1)
     snapshot_seq_retention_days: int = Field(default=7, ge=1)

@@ -37,9 +37,10 @@ def run_cli(args: list[str], env: dict[str, str], input: str | None = None) -> s
 
 
 @contextmanager
-def live_server(env: dict[str, str], *, workers: int = 1, migrate: bool = True, log: Path | None = None):
-    """Start ``gpuroster serve`` on a free loopback port; yields its base URL; stops it on exit."""
-    port = free_port()
+def live_server(env: dict[str, str], *, workers: int = 1, migrate: bool = True, log: Path | None = None,
+                port: int | None = None):
+    """Start ``gpuroster serve`` on ``port`` (default: a free loopback port); yields its base URL; stops it on exit."""
+    port = port or free_port()
     args = [str(BIN / "gpuroster"), "serve", "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
     if not migrate:
         args.append("--no-migrate")

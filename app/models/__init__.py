@@ -3,6 +3,7 @@
 from app.models.base import Base, UTCDateTime, utcnow
 from app.models.finding import AuditLog, Finding, Notice
 from app.models.idempotency import IdempotencyKey
+from app.models.identity import NOTICE_KINDS, NoticePreference, NotifyTarget
 from app.models.host import Device, DeviceConflict, DeviceProcess, DeviceTelemetry, Host, HostSnapshot, UsageRollup
 from app.models.reservation import Reservation, ReservationDevice, ReservationSeries, ReservationShare
 from app.models.rule import SharingRule
@@ -12,5 +13,5 @@ __all__ = [
     "Base", "UTCDateTime", "utcnow", "AuditLog", "Finding", "Notice", "Device", "DeviceConflict", "DeviceProcess",
     "DeviceTelemetry", "Host", "HostSnapshot", "UsageRollup", "Reservation", "ReservationDevice",
     "ReservationSeries", "ReservationShare", "SharingRule", "ApiToken", "Group", "GroupMember",
-    "LoginAttempt", "User", "WebSession", "IdempotencyKey",
+    "LoginAttempt", "User", "WebSession", "IdempotencyKey", "NOTICE_KINDS", "NoticePreference", "NotifyTarget",
 ]

@@ -14,8 +14,9 @@ ROLES = ("member", "admin")
 
 class User(Base):
     """A lab member. ``unix_name`` matches GPU processes to the user (defaults to username);
-    ``unix_uid`` (set by admins, unique) matches processes whose uid has no name on the GPU
-    host (directory users) and is handed to the agents in every ack."""
+    ``unix_uid`` (set by admins or by directory sign-in from LDAP ``uidNumber``; unique) matches
+    processes whose uid has no name on the GPU host (directory users) and is handed to the
+    agents in every ack."""
 
     __tablename__ = "users"
     __table_args__ = (CheckConstraint("role IN ('member', 'admin')", name="role"),)
@@ -28,6 +29,8 @@ class User(Base):
     unix_uid: Mapped[int | None] = mapped_column(Integer, unique=True)
     role: Mapped[str] = mapped_column(String(16), default="member")
     password_hash: Mapped[str | None] = mapped_column(String(256))
+    # Who vouches for the password: "local" (password_hash), "ldap" or "oidc" (the directory/provider).
+    auth_source: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     feed_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)  # SHA-256 of the calendar feed token
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -47,9 +47,10 @@ from sqlalchemy import Engine, event, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.models import Device, Finding, Host, Notice, User, utcnow
+from app.models import Device, Finding, Host, Notice, NotifyTarget, User, utcnow
 from app.models.states import LIVE_FINDING_STATES, FindingKind
 from app.sanitize import chat_text, email_header
+from app.services import channels
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +142,25 @@ def queue_notices(
         if settings.webhook_url:
             rows.append(Notice(finding_id=f.id, channel="webhook", recipient=urlsplit(settings.webhook_url).hostname or "webhook",
                                sent_at=now, status="pending", detail="webhook"))
+        rows.extend(_chat_rows(session, f, users, settings, now))
     session.add_all(rows)
     session.flush()
     pending = [n.id for n in rows if n.status == "pending"]
     if pending:
         _deliver_after_commit(session, pending, settings)
+    return rows
+
+
+def _chat_rows(session: Session, f: Finding, users: dict[str, User], settings: Settings, now: datetime) -> list[Notice]:
+    """Pending rows for the apprise targets of a finding (see app.services.channels): the
+    deployment's, the offender's groups', and the offender's (and, for ``foreign``, the
+    holder's) own if they want to hear about findings. ``detail`` names the target until sent."""
+    about = [users[u] for u in dict.fromkeys((f.unix_user, f.holder if f.kind == "foreign" else None)) if u in users]
+    rows = [Notice(finding_id=f.id, channel="webhook", recipient=channels.redact(url)[:254], sent_at=now,
+                   status="pending", detail=f"deployment:{i}") for i, url in enumerate(settings.notify_urls)]
+    for t in channels.targets_for(session, users=[u for u in about if u.active], kind="findings"):
+        rows.append(Notice(finding_id=f.id, channel="webhook", recipient=(t.label or channels.redact(t.url))[:254],
+                           sent_at=now, status="pending", detail=f"target:{t.id}"))
     return rows
 
 
@@ -204,6 +219,7 @@ class Outgoing:
     body: str
     status: str = "failed"
     detail: str = ""
+    target: str | None = None  # an apprise URL: sent through app.services.channels
 
 
 def _device_label(d: Device | None, uuid_hint: str | None = None) -> str:
@@ -274,8 +290,28 @@ def _claim(session: Session, ids: list[int] | None, now: datetime, settings: Set
         host = session.get(Host, f.host_id)
         device = session.get(Device, f.device_id) if f.device_id else None
         subject, body = _compose(n, f, host, device, settings)
-        out.append(Outgoing(n.id, n.channel, n.recipient or "", subject, body))
+        out.append(Outgoing(n.id, n.channel, n.recipient or "", subject, body, target=_target_url(session, n, settings)))
     return out
+
+
+def _target_url(session: Session, n: Notice, settings: Settings) -> str | None:
+    ref = n.detail or ""
+    if ref.startswith("deployment:") and ref[11:].isdigit() and int(ref[11:]) < len(settings.notify_urls):
+        return settings.notify_urls[int(ref[11:])]
+    if ref.startswith("target:") and ref[7:].isdigit():
+        t = session.get(NotifyTarget, int(ref[7:]))
+        return t.url if t is not None else "removed:"
+    return None
+
+
+def _send_chats(items: list[Outgoing], settings: Settings) -> None:
+    link = settings.base_url.rstrip("/") + "/findings"
+    for it in items:
+        if it.target == "removed:":
+            it.detail = "the notification URL was removed before sending"
+            continue
+        sent = channels.send(it.target or "", title=it.subject, body=f"{it.body}\n{link}")
+        it.status, it.detail = ("sent" if sent.ok else "failed"), sent.detail
 
 
 def _send_emails(items: list[Outgoing], settings: Settings) -> None:
@@ -355,7 +391,8 @@ def deliver(engine: Engine, settings: Settings, ids: list[int] | None = None, *,
     if not items:
         return []
     _send_emails([i for i in items if i.channel == "email"], settings)
-    _send_webhooks([i for i in items if i.channel == "webhook"], settings)
+    _send_webhooks([i for i in items if i.channel == "webhook" and i.target is None], settings)
+    _send_chats([i for i in items if i.target is not None], settings)
 
     def finish(s: Session) -> None:
         for it in items:

@@ -9,6 +9,8 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.models import utcnow
+from app.services import ldap_auth
+from app.services import oidc as oidc_service
 from app.web import sessions as web_sessions
 from app.web.deps import FormBody, FormViewer, form_str, viewer_for
 from app.web.render import page
@@ -41,6 +43,7 @@ def _login_form(request: Request, settings, *, next_url: str, username: str = ""
         {
             "viewer": None, "signin_token": web_sessions.signin_token(settings, nonce), "next": next_url,
             "username": username, "error": error, "error_title": error_title, "error_field": error_field,
+            "ldap": ldap_auth.enabled(settings), "oidc_label": settings.oidc_label if oidc_service.enabled(settings) else None,
         },
         status=status,
     )
@@ -84,6 +87,10 @@ def login(request: Request, session: WriteSessionDep, settings: SettingsDep, for
                            error_title=e.title, error=e.detail, error_field="username")
         resp.headers["Retry-After"] = str(e.extra.get("retry_after", settings.login_window_seconds))
         return resp
+    except ldap_auth.DirectoryUnavailable as e:
+        return _login_form(request, settings, next_url=target, username=username, status=503,
+                           error_title=e.title, error=e.detail + "; local accounts can still sign in",
+                           error_field="username")
     except web_sessions.SignInFailed as e:
         # the failed attempt was recorded in this transaction: returning (not raising) commits it
         return _login_form(request, settings, next_url=target, username=username, status=401,
@@ -98,9 +105,13 @@ def login(request: Request, session: WriteSessionDep, settings: SettingsDep, for
 
 
 @router.post("/logout")
-def logout(request: Request, viewer: FormViewer, session: WriteSessionDep) -> Response:
+def logout(request: Request, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep) -> Response:
     """End the session (its row is deleted) and clear the cookie."""
     web_sessions.sign_out(session, cookie_value=request.cookies.get(web_sessions.SESSION_COOKIE))
-    resp = RedirectResponse("/login", status_code=303)
+    after = settings.base_url.rstrip("/") + "/login"
+    # single sign-on accounts also end the provider's session, else the next sign-in is silent
+    provider_logout = oidc_service.logout_url(settings, after=after) if (
+        viewer.user.auth_source == "oidc" and oidc_service.enabled(settings)) else None
+    resp = RedirectResponse(provider_logout or "/login", status_code=303)
     resp.delete_cookie(web_sessions.SESSION_COOKIE, path="/", httponly=True, samesite="lax", secure=is_https(request))
     return resp

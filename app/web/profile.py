@@ -22,6 +22,7 @@ from app.errors import AppError, InvalidInput, NotFound
 from app.models import ApiToken, utcnow
 from app.services import calendar as calendar_service
 from app.services import credentials
+from app.services import channels
 from app.services import users as user_service
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
 from app.web.render import page
@@ -37,7 +38,11 @@ def profile_context(session: Session, *, viewer: Viewer, **extra: Any) -> dict[s
     tokens = list(session.scalars(select(ApiToken).where(ApiToken.user_id == viewer.user.id).order_by(ApiToken.id.desc())))
     return {
         "viewer": viewer, "active": "profile", "groups": user_service.group_names_of(session, viewer.user),
-        "tokens": tokens, "now": utcnow(), **extra,
+        "tokens": tokens, "now": utcnow(),
+        "notice_prefs": channels.preferences(session, user=viewer.user),
+        "notify_targets": [(t, channels.redact(t.url)) for t in channels.visible_targets(session, viewer=viewer.user)
+                           if t.user_id == viewer.user.id],
+        **extra,
     }
 
 

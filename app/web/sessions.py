@@ -29,6 +29,7 @@ from app.errors import AppError, Unauthorized
 from app.models import User, WebSession
 from app.security import constant_time_equal, token_hash, verify_password
 from app.services import signin_throttle
+from app.services import ldap_auth
 
 SESSION_COOKIE = "gpuroster_session"
 LOGIN_COOKIE = "gpuroster_signin"
@@ -78,6 +79,10 @@ def sign_in(
         raise TooManyAttempts(throttled.message(username), field="username", retry_after=throttled.retry_after)
     user = session.scalar(select(User).where(User.username == username)) if username else None
     ok = verify_password(password, user.password_hash if user is not None and user.active else None)
+    if not ok and ldap_auth.enabled(settings) and (user is None or user.auth_source == "ldap"):
+        # local accounts are checked first, so they keep working while the directory is down
+        user = ldap_auth.sign_in_user(session, settings=settings, username=username, password=password)
+        ok = user is not None
     if not ok or user is None:
         signin_throttle.record_failure(session, username=username, address=address, now=now)
         raise SignInFailed("wrong username or password", field="password")
@@ -136,3 +141,14 @@ def signin_token_ok(settings: Settings, nonce: str | None, given: str | None) ->
     if not nonce or not given:
         return False
     return constant_time_equal(signin_token(settings, nonce), given)
+
+
+def open_session(session: Session, *, user: User, settings: Settings, now: datetime) -> SignedIn:
+    """Open a browser session for ``user``, already authenticated elsewhere (single sign-on)."""
+    session.execute(delete(WebSession).where(WebSession.user_id == user.id, WebSession.expires_at <= now))
+    value = secrets.token_urlsafe(32)
+    ws = WebSession(token_hash=token_hash(value), user_id=user.id, csrf_token=secrets.token_urlsafe(32), created_at=now,
+                    expires_at=now + timedelta(hours=settings.session_hours))
+    session.add(ws)
+    session.flush()
+    return SignedIn(web_session=ws, cookie_value=value, user=user)

@@ -47,6 +47,11 @@ MATRIX = [
     ("GET", "/api/v1/findings/{finding_id}", _row(401, 404, 404, 404, 403, 403)),
     ("GET", "/api/v1/reports/usage", _row(401, 200, 200, 200, 403, 403)),
     ("GET", "/api/v1/reports/usage.csv", _row(401, 200, 200, 200, 403, 403)),
+    ("GET", "/api/v1/notify-targets", _row(401, 200, 200, 200, 403, 403)),
+    ("POST", "/api/v1/notify-targets", _row(401, 201, 201, 201, 403, 403)),
+    ("DELETE", "/api/v1/notify-targets/{target_id}", _row(401, 204, 404, 204, 403, 403)),
+    ("GET", "/api/v1/me/notice-preferences", _row(401, 200, 200, 200, 403, 403)),
+    ("PUT", "/api/v1/me/notice-preferences", _row(401, 200, 200, 200, 403, 403)),
 ]
 
 
@@ -68,9 +73,17 @@ def test_authorization_matrix(client, lab, make_host, make_user):
         r = client.post("/api/v1/tokens", json={"name": "matrix"}, headers=lab.alice.headers)
         return r.json()["id"]
 
+    def fresh_target() -> int:
+        r = client.post("/api/v1/notify-targets", json={"url": "wecombot://matrix0123"}, headers=lab.alice.headers)
+        return r.json()["id"]
+
     def body_for(method: str, path: str) -> dict | None:
         if path == "/api/v1/me/password":
             return {"current_password": "not it", "new_password": "long enough"}
+        if path == "/api/v1/notify-targets" and method == "POST":
+            return {"url": "wecombot://abcdef0123"}
+        if path == "/api/v1/me/notice-preferences" and method == "PUT":
+            return {"waitlist": False}
         if path == "/api/v1/users" and method == "POST":
             return {"username": f"new{next(seq)}"}
         if path.startswith("/api/v1/users/"):
@@ -100,7 +113,7 @@ def test_authorization_matrix(client, lab, make_host, make_user):
             path = template.format(
                 username="bob", token_id=fresh_token() if "{token_id}" in template else 0, name="node-01",
                 uuid=lab.devices[3], reservation_id=fresh_reservation() if "{reservation_id}" in template else 0,
-                finding_id=999,
+                finding_id=999, target_id=fresh_target() if "{target_id}" in template else 0,
             )
             r = client.request(method, path, json=body_for(method, template), headers=headers[actor])
             if r.status_code != expected[actor]:
