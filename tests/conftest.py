@@ -46,16 +46,26 @@ def _sqlite_url(tmp_path_factory) -> str:
     return url
 
 
-@pytest.fixture(scope="session")
-def _pg_url() -> Iterator[str]:
+@contextmanager
+def migrated_pg_database() -> Iterator[str]:
+    """A new PostgreSQL database migrated to the head (its URL), dropped afterwards; skips
+    (fails under CI) without PostgreSQL."""
     require_pg()
     from app.migrate import upgrade
 
     name = _create_pg_database()
-    url = f"{PG_SERVER}/{name}"
-    upgrade(url)
-    yield url
-    _drop_pg_database(name)
+    try:
+        url = f"{PG_SERVER}/{name}"
+        upgrade(url)
+        yield url
+    finally:
+        _drop_pg_database(name)
+
+
+@pytest.fixture(scope="session")
+def _pg_url() -> Iterator[str]:
+    with migrated_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -88,4 +88,4 @@ def move_device(uuid: str, data: DeviceMove, admin: AdminUser, session: WriteSes
 @router.get("/device-conflicts", response_model=list[DeviceConflictRead])
 def list_device_conflicts(admin: AdminUser, session: SessionDep) -> list[DeviceConflictRead]:
     """Devices a host reported although they belong to another host (refused), newest first."""
-    return [DeviceConflictRead.model_validate(c, from_attributes=True) for c in device_claims.list_conflicts(session)]
+    return device_claims.list_conflicts(session)

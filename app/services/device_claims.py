@@ -10,7 +10,6 @@ moved, or a host was re-registered under a new name) is an admin action,
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, select
@@ -19,22 +18,10 @@ from sqlalchemy.orm import Session
 from agent.schema import Snapshot
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import AuditLog, Device, DeviceConflict, Host, Reservation, ReservationDevice, User, utcnow
+from app.schemas.host import DeviceConflictRead
 from app.services import hosts as host_service
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ConflictView:
-    """A refused claim as admins see it: device, its owner host, the claiming host, times (UTC)."""
-
-    uuid: str
-    device_name: str | None
-    owner_host: str
-    claimed_by: str
-    first_at: datetime
-    last_at: datetime
-    count: int
 
 
 def refuse_foreign_devices(session: Session, *, host: Host, snap: Snapshot, now: datetime) -> Snapshot:
@@ -79,8 +66,8 @@ def refuse_foreign_devices(session: Session, *, host: Host, snap: Snapshot, now:
     })
 
 
-def list_conflicts(session: Session) -> list[ConflictView]:
-    """Every open conflict, newest first."""
+def list_conflicts(session: Session) -> list[DeviceConflictRead]:
+    """Every open conflict, newest first (times UTC)."""
     owner = Host.__table__.alias("owner")
     claimer = Host.__table__.alias("claimer")
     rows = session.execute(
@@ -91,7 +78,8 @@ def list_conflicts(session: Session) -> list[ConflictView]:
         .join(claimer, claimer.c.id == DeviceConflict.claimed_by_host_id)
         .order_by(DeviceConflict.last_at.desc(), DeviceConflict.id.desc())
     ).all()
-    return [ConflictView(*r) for r in rows]
+    fields = list(DeviceConflictRead.model_fields)
+    return [DeviceConflictRead(**dict(zip(fields, r, strict=True))) for r in rows]
 
 
 def move_device(session: Session, *, actor: User, uuid: str, to_host: str) -> Device:

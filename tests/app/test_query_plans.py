@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event, text
 
 from testkit.history import SEED
-from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, future, gpu, require_pg, snapshot_body
+from tests.conftest import future, gpu, migrated_pg_database, snapshot_body
 
 HISTORY = 120_000  # past reservations; enough that the planner prefers an index where one fits
 LARGE_TABLES = {"reservations", "reservation_devices", "audit_log"}
@@ -36,14 +36,8 @@ def _seq_scans(plan: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def seeded_pg():
-    require_pg()
-    from app.migrate import upgrade
-
-    name = _create_pg_database()
-    url = f"{PG_SERVER}/{name}"
-    upgrade(url)
-    yield url
-    _drop_pg_database(name)
+    with migrated_pg_database() as url:
+        yield url
 
 
 def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
