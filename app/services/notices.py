@@ -243,7 +243,11 @@ def _compose(n: Notice, f: Finding, host: Host, device: Device | None, settings:
         held = f", reserved by {f.holder}" if f.holder else ""
         subject = f"[gpuroster] {f.kind.replace('_', ' ')} process on {host.name}: {where.split(' (')[0]}"
         text = f"gpuroster: {host.name} {where}{held}: {proc} of {who}. Nothing is signalled until its owner is known."
-        return subject, text if n.channel == "webhook" else f"{text}\n\n{link}\n"
+        if n.channel == "webhook":
+            # the legacy webhook posts raw Slack/Mattermost text: the whole line as literal text;
+            # apprise targets are escaped per channel by app.services.channels
+            return subject, chat_text(text, limit=1000) if n.detail == "webhook" else text
+        return subject, f"{text}\n\n{link}\n"
     if n.channel == "email" and n.detail == "holder":
         subject = f"[gpuroster] your reserved {where.split(' (')[0]} on {host.name} is occupied"
         body = (f"Your reservation {f.reservation_id or ''} of {where} on {host.name} is occupied by "
@@ -253,15 +257,22 @@ def _compose(n: Notice, f: Finding, host: Host, device: Device | None, settings:
             "unreserved": "on a GPU without a reservation", "idle": "idle reservation"}.get(f.kind, f.kind)
     subject = f"[gpuroster] {f.kind} on {host.name}: {where.split(' (')[0]}"
     if n.channel == "webhook":
-        return subject, _webhook_text(f, host, where)
+        # the legacy webhook (detail "webhook") gets Slack markup escaped here; apprise targets
+        # are escaped per channel by app.services.channels, so they get the values as they are
+        return subject, _webhook_text(f, host, where, escape=chat_text if n.detail == "webhook" else _plain)
     body = (f.message or f"{f.unix_user}'s {proc} on {host.name} {where}: {what}.") + f"\n\nHost policy: {host.policy}.\n{link}\n"
     return subject, body
 
 
-def _webhook_text(f: Finding, host: Host, where: str) -> str:
-    """The chat message: every value a lab member or a process chose goes through
-    :func:`app.sanitize.chat_text`, so it shows literally (no mention, link or markup)."""
-    c = chat_text
+def _plain(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _webhook_text(f: Finding, host: Host, where: str, *, escape=chat_text) -> str:
+    """The chat message: every value a lab member or a process chose goes through ``escape``
+    (:func:`app.sanitize.chat_text` for a raw webhook), so it shows literally (no mention,
+    link or markup)."""
+    c = escape
     if f.kind == "idle":
         return f"gpuroster: {c(host.name)} {c(where)}: reservation {f.reservation_id} of {c(f.holder)} is idle"
     proc = f"process {f.pid} {c(f.command)}" if f.pid else "a process"

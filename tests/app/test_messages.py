@@ -15,7 +15,7 @@ def test_conflict_message_gives_times_in_the_lab_zone_and_members_in_utc(client,
     r = book(client, lab.bob, [0], "2031-05-04T10:00:00+02:00", "2031-05-04T10:30:00+02:00")
     assert r.status_code == 409
     doc = r.json()
-    assert "[2031-05-04 09:00 CEST, 2031-05-04 11:00 CEST)" in doc["detail"], doc["detail"]
+    assert "[2031-05-04 09:00 CEST (UTC+02:00), 2031-05-04 11:00 CEST (UTC+02:00))" in doc["detail"], doc["detail"]
     assert "all free from 2031-05-04 11:00 CEST" in doc["detail"]
     assert "+00:00" not in doc["detail"]
     assert doc["earliest_free_start"] == "2031-05-04T09:00:00+00:00"  # members: UTC, for programs
