@@ -8,6 +8,8 @@ can take the write lock up front with ``BEGIN IMMEDIATE`` (see :func:`lock_for_w
 
 from __future__ import annotations
 
+import asyncio
+
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -181,3 +183,17 @@ def run_in_transaction(
                     continue
                 raise
     raise RuntimeError("unreachable")
+
+
+def write_gate_for(app: Any) -> asyncio.Lock | None:
+    """This process's SQLite write turn (an asyncio lock), ``None`` on PostgreSQL. One lock per
+    running event loop: a server has one loop, but a lock touched from two loops (test clients
+    that each run their own) raises "bound to a different event loop"."""
+    gates = getattr(app.state, "write_gates", None)
+    if gates is None:
+        return None
+    loop = asyncio.get_running_loop()
+    gate = gates.get(loop)
+    if gate is None:
+        gate = gates[loop] = asyncio.Lock()
+    return gate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from app import __version__, web
 from app.api import agent, feeds, findings, hosts, metrics, notify, reports, reservations, rules, users
 from app.web import apidocs
 from app.config import Settings, get_settings
-from app.db import build_engine, build_session_factory
+from app.db import build_engine, build_session_factory, write_gate_for
 from app.errors import PayloadTooLarge, install_error_handlers, problem_response
 
 log = logging.getLogger("gpuroster")
@@ -84,7 +85,7 @@ TOKEN_USAGE_FLUSH_SECONDS = 30.0
 async def _flush_token_usage(app: FastAPI) -> None:
     """Write the noted API-token uses in their own short transaction, taking this process's
     SQLite write turn like a write request (so it never contends with one in the process)."""
-    gate = app.state.write_gate
+    gate = write_gate_for(app)
     if gate is None:
         await asyncio.to_thread(app.state.token_usage.flush, app.state.session_factory)
         return
@@ -107,7 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = build_engine(settings)
         app.state.engine = engine
         app.state.session_factory = build_session_factory(engine)
-        app.state.write_gate = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        app.state.write_gates = weakref.WeakKeyDictionary() if engine.dialect.name == "sqlite" else None
         from app.services.token_usage import TokenUsage
 
         app.state.token_usage = TokenUsage()

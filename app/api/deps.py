@@ -14,7 +14,7 @@ from fastapi import Depends, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db import lock_for_write
+from app.db import lock_for_write, write_gate_for
 from app.errors import Forbidden, Unauthorized
 from app.models import Host, User
 from app.security import HOST_TOKEN_PREFIX
@@ -56,7 +56,7 @@ async def _write_turn(request: Request) -> AsyncIterator[None]:
     blocked on a lock would hold one of the worker pool's slots, and enough of them starve
     the request that holds the lock). No-op on PostgreSQL.
     """
-    gate = getattr(request.app.state, "write_gate", None)
+    gate = write_gate_for(request.app)
     if gate is None:
         yield
         return
