@@ -38,7 +38,9 @@ PROCESS_FIELDS = ("device_id", "pid", "type", "used_memory_mib", "uid", "unix_us
                   "container_id", "owner_status")
 HOST_FIELDS = ("last_seq", "last_collected_at", "last_seen_at", "interval_seconds", "agent_version", "driver_version",
                "nvml_version", "cuda_version", "source", "replay_of", "monitoring_status", "monitoring_message", "stale",
-               "suspect", "suspect_reasons", "clock_offset_s", "clock_trouble", "clock_trouble_at")
+               "suspect", "suspect_reasons", "clock_offset_s")
+# Written only when a snapshot shows clock trouble (a rare, separate statement).
+CLOCK_FIELDS = ("clock_trouble", "clock_trouble_at")
 
 _dev = Device.__table__
 _tel = DeviceTelemetry.__table__
@@ -62,6 +64,8 @@ _TOUCH_TELEMETRY = (update(_tel).where(_tel.c.device_id.in_(bindparam("ids", exp
 _SELECT_PROCESSES = select(*(_proc.c[f] for f in PROCESS_FIELDS)).where(_proc.c.host_id == bindparam("host_id"))
 _DELETE_PROCESSES = delete(_proc).where(_proc.c.host_id == bindparam("host_id"))
 _INSERT_PROCESS = insert(_proc)
+_UPDATE_HOST = (update(_host).where(_host.c.id == bindparam("_id"))
+                .values({f: bindparam(f, type_=_host.c[f].type) for f in HOST_FIELDS}))
 _TOUCH_PROCESSES = update(_proc).where(_proc.c.host_id == bindparam("_host")).values(seen_at=bindparam("at"))
 
 
@@ -157,11 +161,18 @@ def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str
 
 
 def update_host(session: Session, host: Host, values: dict[str, object]) -> None:
-    """Write ``values`` (a subset of :data:`HOST_FIELDS`) to ``host``'s row in one UPDATE, only
-    the columns that differ, and set them on the loaded object without marking it dirty."""
+    """Write ``values`` (of :data:`HOST_FIELDS` and :data:`CLOCK_FIELDS`) to ``host``'s row when any differs, in
+    one statement built once (the other columns keep the loaded object's values), and set them
+    on the loaded object without marking it dirty."""
     diff = {k: v for k, v in values.items() if getattr(host, k) != v}
     if not diff:
         return
-    session.execute(update(_host).where(_host.c.id == host.id).values(diff))
+    clock = {k: v for k, v in diff.items() if k in CLOCK_FIELDS}
+    if clock:
+        session.execute(update(_host).where(_host.c.id == host.id).values(clock))
+    if len(clock) < len(diff):
+        params = {f: getattr(host, f) for f in HOST_FIELDS}
+        params.update({k: v for k, v in diff.items() if k not in CLOCK_FIELDS}, _id=host.id)
+        session.execute(_UPDATE_HOST, params)
     for k, v in diff.items():
         set_committed_value(host, k, v)
