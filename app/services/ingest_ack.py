@@ -1,0 +1,162 @@
+"""The answer to a snapshot: the host's reservation table, open devices, uid table and policy.
+
+Built on every snapshot, so read with plain statements built once (their compiled form is
+cached by SQLAlchemy) into tuples, and the pydantic objects of the answer are reused while
+the rows they were built from are unchanged: a host's table changes when someone books,
+cancels or shares, not between two polls. The caches are keyed by the rows themselves, so
+a change made by another process is seen on the next snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, bindparam, select, union_all
+from sqlalchemy.orm import Session
+
+from agent.schema import HostPolicy, ReservationEntry, SnapshotAck
+from app.config import Settings
+from app.models import Device, GroupMember, Host, Reservation, ReservationDevice, ReservationShare, User
+
+# The window of the host's reservation table sent to the agent.
+TABLE_AHEAD = timedelta(hours=48)
+TABLE_BEHIND = timedelta(hours=6)
+
+# Bounded caches: a lab has about as many hosts as entries; beyond that they are cleared.
+_CACHE_MAX = 20_000
+
+# Core columns (``Model.__table__``), not ORM attributes: the rows are plain tuples, and the
+# ORM's result handling would be most of the cost of these small queries.
+_R, _U, _D = Reservation.__table__, User.__table__, Device.__table__
+_RD, _RS, _GM = ReservationDevice.__table__, ReservationShare.__table__, GroupMember.__table__
+_r, _u, _d, _rd, _rs, _gm = _R.c, _U.c, _D.c, _RD.c, _RS.c, _GM.c
+_TABLE_ROWS = (
+    select(_r.id, _r.start_at, _r.end_at, _u.username, _u.unix_name, _d.uuid, _u.unix_uid)
+    .join(_U, _u.id == _r.user_id)
+    .join(_RD, _rd.reservation_id == _r.id)
+    .join(_D, _d.id == _rd.device_id)
+    .where(
+        _r.host_id == bindparam("host_id"),
+        _r.status != "cancelled",
+        _r.end_at > bindparam("after"),
+        _r.start_at < bindparam("before"),
+    )
+    .order_by(_r.start_at, _r.id, _d.index)
+)
+_SHARE_ROWS = union_all(
+    select(_rs.reservation_id, _u.unix_name, _u.unix_uid)
+    .join(_U, _u.id == _rs.user_id)
+    .where(_rs.reservation_id.in_(bindparam("ids", expanding=True))),
+    select(_rs.reservation_id, _u.unix_name, _u.unix_uid)
+    .join(_GM, _gm.group_id == _rs.group_id)
+    .join(_U, _u.id == _gm.user_id)
+    .where(_rs.reservation_id.in_(bindparam("ids", expanding=True))),
+)
+_UID_ROWS = select(_u.unix_uid, _u.unix_name).where(and_(_u.unix_uid.is_not(None), _u.active.is_(True)))
+_OPEN_DEVICES = select(_d.uuid).where(_d.host_id == bindparam("host_id"), _d.is_open.is_(True))
+
+_lock = threading.Lock()
+_tables: dict[int, tuple[tuple, list[ReservationEntry]]] = {}
+_uids: list[tuple[tuple, dict[int, str]]] = []
+_policies: dict[int, tuple[tuple, HostPolicy]] = {}
+
+
+def _remember(cache: dict, key: object, value: object) -> None:
+    with _lock:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[key] = value
+
+
+def host_policy(host: Host) -> HostPolicy:
+    """The host's enforcement settings as the agent receives them (reused while unchanged)."""
+    key = (host.policy, host.grace_seconds, host.kill_timeout_seconds, host.notice_interval_seconds, host.min_uid,
+           tuple(host.exempt_users or ()), host.idle_minutes,
+           None if host.exempt_process_names is None else tuple(host.exempt_process_names))
+    hit = _policies.get(host.id)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    kwargs: dict[str, object] = dict(
+        policy=host.policy,
+        grace_seconds=host.grace_seconds,
+        kill_timeout_seconds=host.kill_timeout_seconds,
+        notice_interval_seconds=host.notice_interval_seconds,
+        min_uid=host.min_uid,
+        exempt_users=list(host.exempt_users or []),
+        idle_minutes=host.idle_minutes,
+    )
+    if host.exempt_process_names is not None:
+        kwargs["exempt_process_names"] = list(host.exempt_process_names)
+    policy = HostPolicy(**kwargs)  # type: ignore[arg-type]
+    _remember(_policies, host.id, (key, policy))
+    return policy
+
+
+def reservation_table(session: Session, *, host: Host, now: datetime) -> list[ReservationEntry]:
+    """Active, upcoming (48 h) and recently ended (6 h) reservations of ``host`` for the agent:
+    one query for reservations and their devices, one for shares (resolved to Unix names and
+    uids, groups expanded) when there are reservations."""
+    rows = tuple(session.execute(_TABLE_ROWS, {"host_id": host.id, "after": now - TABLE_BEHIND,
+                                               "before": now + TABLE_AHEAD}).tuples())
+    if not rows:
+        return []
+    ids = sorted({r[0] for r in rows})
+    shares = tuple(sorted(session.execute(_SHARE_ROWS, {"ids": ids}).tuples(), key=repr))
+    key = (rows, shares)
+    hit = _tables.get(host.id)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    entries: dict[int, ReservationEntry] = {}
+    for rid, start, end, username, unix_name, uuid, unix_uid in rows:
+        e = entries.get(rid)
+        if e is None:
+            e = entries[rid] = ReservationEntry(id=rid, user=username, unix_name=unix_name, unix_uid=unix_uid,
+                                                device_uuids=[], start=start, end=end)
+        e.device_uuids.append(uuid)
+    shared: dict[int, set[str]] = {}
+    shared_uids: dict[int, set[int]] = {}
+    for rid, unix, uid in shares:
+        shared.setdefault(rid, set()).add(unix)
+        if uid is not None:
+            shared_uids.setdefault(rid, set()).add(uid)
+    for rid, names in shared.items():
+        entries[rid].shared_with = sorted(names)
+        entries[rid].shared_uids = sorted(shared_uids.get(rid, ()))
+    table = list(entries.values())
+    _remember(_tables, host.id, (key, table))
+    return table
+
+
+def uid_table(session: Session) -> dict[int, str]:
+    """Unix uid -> unix_name of every active user with a uid: the agent judges a process whose
+    uid has no passwd entry on the host (directory users) by this table."""
+    rows = tuple(session.execute(_UID_ROWS).tuples())
+    with _lock:
+        hit = _uids[0] if _uids else None
+    if hit is not None and hit[0] == rows:
+        return hit[1]
+    table = dict(rows)
+    with _lock:
+        _uids[:] = [(rows, table)]
+    return table
+
+
+def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settings: Settings, now: datetime,
+              conflict: str | None = None) -> SnapshotAck:
+    """The answer to snapshot ``seq`` of ``host`` at ``now`` (UTC): accepted, whether it was a
+    duplicate (``conflict`` says why a reused seq was another snapshot), server time, policy,
+    reservation table, open devices, uid table and the booking page's address."""
+    open_devices = list(session.scalars(_OPEN_DEVICES, {"host_id": host.id}))
+    return SnapshotAck.model_construct(
+        accepted=True,
+        duplicate=duplicate,
+        conflict=conflict,
+        seq=seq,
+        server_time=now,
+        policy=host_policy(host),
+        reservations=reservation_table(session, host=host, now=now),
+        open_devices=open_devices,
+        unix_uids=uid_table(session),
+        booking_url=settings.base_url.rstrip("/") + "/book",
+    )
