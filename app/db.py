@@ -9,7 +9,6 @@ can take the write lock up front with ``BEGIN IMMEDIATE`` (see :func:`lock_for_w
 from __future__ import annotations
 
 import asyncio
-
 import threading
 import weakref
 from collections.abc import Callable, Iterator
