@@ -31,3 +31,16 @@ def test_booking_ending_in_year_9999_leaves_conflicts_and_availability_working(c
                        headers=lab.bob.headers)
     assert full.status_code in (409, 422) and "out of the range" not in full.text
     assert datetime.fromisoformat(doc["earliest_free_start"]) > datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def test_year_9999_hold_shows_in_ics_reports_and_pages(client, lab):
+    r = book(client, lab.admin, [1], "now", FAR)
+    assert r.status_code == 201, r.text
+    feed = client.get("/api/v1/hosts/node-01/feed", headers=lab.alice.headers)
+    assert feed.status_code == 200, feed.text
+    ics = client.get(feed.json()["url"])
+    assert ics.status_code == 200 and "DTEND:99991231T235959Z" in ics.text, ics.text[:500]
+    rep = client.get("/api/v1/reports/usage", params={"user": "boss"}, headers=lab.admin.headers)
+    assert rep.status_code == 200, rep.text
+    listed = client.get("/api/v1/reservations", params={"host": "node-01", "state": "active"}, headers=lab.alice.headers)
+    assert listed.status_code == 200 and listed.json()["total"] == 1
