@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from app import __version__, web
-from app.api import agent, feeds, findings, hosts, metrics, reports, reservations, rules, users
+from app.api import agent, approvals, feeds, findings, hosts, metrics, reports, reservations, rules, users
 from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory
 from app.errors import PayloadTooLarge, install_error_handlers, problem_response
@@ -133,7 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # Every router by name: the whole surface in one place, and a renamed module fails here.
     for router in (reservations.router, hosts.router, users.router, agent.router, findings.router,
-                   rules.router, feeds.router):
+                   rules.router, feeds.router, approvals.router):
         app.include_router(router, prefix="/api/v1")
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     metrics.install(app)  # /metrics and the conflict counter (before the page handlers wrap it)
