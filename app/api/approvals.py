@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from sqlalchemy import select
 
 from app.api.deps import AdminUser, CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
+from app.api.idempotency import IdempotencyDep
 from app.errors import InvalidInput
 from app.models import GroupMember, User, utcnow
 from app.models.finding import AuditLog
@@ -76,16 +77,20 @@ def managers(session, group_id: int) -> list[str]:
 @router.post("/maintenance", status_code=201, response_model=MaintenanceRead, tags=["reservations"],
              responses={403: {}, 404: {}, 409: {"description": "conflicts, listed (without override)"}, 422: {}})
 def create_maintenance(data: MaintenanceCreate, admin: AdminUser, session: WriteSessionDep,
-                       settings: SettingsDep) -> MaintenanceRead:
-    """Hold a host's devices for maintenance (admins), open-ended when ``end`` is omitted."""
+                       settings: SettingsDep, response: Response, idem: IdempotencyDep) -> MaintenanceRead:
+    """Hold a host's devices for maintenance (admins), open-ended when ``end`` is omitted. With
+    an ``Idempotency-Key`` header, a retry within 24 h gets the first answer and holds nothing more."""
     now = utcnow()
     start = max(parse_instant(data.start, field="start", now=now), now)
     end = parse_instant(data.end, field="end", now=now) if data.end else None
     m, done = maintenance_service.create(session, actor=admin, host_name=data.host, refs=data.devices, start=start,
                                          end=end, reason=data.reason, override=data.override, settings=settings,
                                          now=now, load=reservation_service.load_locked)
-    return MaintenanceRead(maintenance=reservation_service.to_read(m, now),
-                           overridden=[OverriddenRead(id=o.id, user=o.user, action=o.action, end=o.end) for o in done])
+    out = MaintenanceRead(maintenance=reservation_service.to_read(m, now),
+                          overridden=[OverriddenRead(id=o.id, user=o.user, action=o.action, end=o.end) for o in done])
+    response.headers["Location"] = f"/api/v1/reservations/{m.id}"
+    idem.done(201, out.model_dump(mode="json"), response.headers["Location"])
+    return out
 
 
 __all__ = ["router"]

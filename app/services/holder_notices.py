@@ -2,7 +2,7 @@
 cancelled or shortened by a maintenance.
 
 Each message is recorded in the audit log (``notice.reservation``, target ``user:<name>``,
-with the text), which the holder's Mine page lists, and e-mailed after the commit through
+with the text), which the holder's reservations page links, and e-mailed after the commit through
 the same SMTP sender as finding notices (:mod:`app.services.notices`) when
 ``settings.smtp_host`` is set and the holder has an address. A rolled-back change sends
 nothing; a failed e-mail is logged, never fails the change.
@@ -37,7 +37,7 @@ def tell(session: Session, *, user: User, reservation_id: int, subject: str, tex
     session.add(row)
     if mail == "queued":
         _after_commit(session, settings, notices.Outgoing(0, "email", user.email or "", email_header(subject),
-                                                          f"{text}\n\n{settings.base_url.rstrip('/')}/mine\n"))
+                                                          f"{text}\n\n{settings.base_url.rstrip('/')}/me/reservations\n"))
     return row
 
 

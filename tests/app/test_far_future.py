@@ -42,5 +42,7 @@ def test_year_9999_hold_shows_in_ics_reports_and_pages(client, lab):
     assert ics.status_code == 200 and "DTEND:99991231T235959Z" in ics.text, ics.text[:500]
     rep = client.get("/api/v1/reports/usage", params={"user": "boss"}, headers=lab.admin.headers)
     assert rep.status_code == 200, rep.text
+    usage = client.get("/api/v1/me/usage", headers=lab.admin.headers)
+    assert usage.status_code == 200 and "until open-ended" in usage.text, usage.text
     listed = client.get("/api/v1/reservations", params={"host": "node-01", "state": "active"}, headers=lab.alice.headers)
     assert listed.status_code == 200 and listed.json()["total"] == 1
