@@ -136,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                    rules.router, feeds.router, approvals.router):
         app.include_router(router, prefix="/api/v1")
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
+    approvals.install_expiry(app)  # pending reservations that reach their start unapproved expire
     metrics.install(app)  # /metrics and the conflict counter (before the page handlers wrap it)
     web.install(app)  # the pages, the cookie resolver for the API, the page error handlers
     from app.middleware.outage import install_outage_handler

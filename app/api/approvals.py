@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import asyncio
+import contextlib
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Response
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import AdminUser, CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
@@ -21,6 +27,8 @@ from app.services.conflicts import loaded_options
 from app.timeutil import parse_instant
 
 router = APIRouter(tags=["approvals"])
+log = logging.getLogger(__name__)
+EXPIRE_PERIOD_S = 60.0  # how often pending reservations that reached their start are stored as expired
 DECIDE = {403: {"description": "not an admin nor a manager of the owner's group"},
           409: {"description": "no longer pending: names who changed it and when"}}
 
@@ -93,4 +101,43 @@ def create_maintenance(data: MaintenanceCreate, admin: AdminUser, session: Write
     return out
 
 
-__all__ = ["router"]
+def expire_once(app: FastAPI) -> int:
+    """Store ``expired`` for every pending reservation at or past its start (owners told,
+    devices freed, slot listeners run); returns how many."""
+    from app.db import run_in_transaction
+
+    settings = app.state.settings
+    return run_in_transaction(app.state.session_factory, lambda s: len(svc.expire_due(
+        s, now=utcnow(), settings=settings, load=reservation_service.load_locked)))
+
+
+async def _expire_loop(app: FastAPI, period: float) -> None:
+    while True:
+        try:
+            n = await run_in_threadpool(expire_once, app)
+            if n:
+                log.info("%d pending reservation(s) expired unapproved", n)
+        except Exception:  # noqa: BLE001 - retried next period; bookings that meet one expire it too
+            log.exception("expiring pending reservations failed; retrying in %.0f s", period)
+        await asyncio.sleep(period)
+
+
+def install_expiry(app: FastAPI, *, period: float = EXPIRE_PERIOD_S) -> None:
+    """Run the expiry of unapproved pending reservations inside the app's lifespan."""
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: FastAPI):
+        async with inner(a) as state:
+            task = asyncio.create_task(_expire_loop(a, period), name="gpuroster-expire-pending")
+            try:
+                yield state
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app.router.lifespan_context = lifespan
+
+
+__all__ = ["expire_once", "install_expiry", "router"]

@@ -120,3 +120,20 @@ def test_pending_reaching_its_start_expires_and_frees_the_devices(client, lab, s
     with session_factory() as s:
         assert s.get(Reservation, rid).status == "expired"
     assert "without approval and expired" in _told(session_factory, "alice")[-1]
+
+
+def test_the_sweep_expires_pending_reservations_past_their_start(app, client, lab, session_factory):
+    from app.api.approvals import expire_once
+
+    _threshold(client, lab, approval_above_devices=0)
+    rid = book(client, lab.alice, [1], future(30)).json()["id"]
+    keep = book(client, lab.alice, [2], future(30)).json()["id"]
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    with session_factory.begin() as s:
+        s.execute(update(Reservation).where(Reservation.id == rid).values(start_at=past))
+        s.execute(update(ReservationDevice).where(ReservationDevice.reservation_id == rid).values(start_at=past))
+    assert expire_once(app) == 1
+    assert expire_once(app) == 0
+    with session_factory() as s:
+        assert s.get(Reservation, rid).status == "expired" and s.get(Reservation, keep).status == "pending"
+        assert not any(i.active for i in s.scalars(select(ReservationDevice).where(ReservationDevice.reservation_id == rid)))
