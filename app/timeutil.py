@@ -16,13 +16,30 @@ def zone(name: str, *, field: str = "tz") -> ZoneInfo:
         raise InvalidInput(f"{field}: unknown time zone {name!r}", field=field) from None
 
 
+# The latest instant the service stores or computes with (the end of year 9999, UTC, what
+# ``datetime`` can represent). An open-ended reservation ends here; arithmetic near it saturates.
+MAX_INSTANT = datetime.max.replace(tzinfo=UTC)
+
+
+def add_capped(t: datetime, delta: timedelta) -> datetime:
+    """``t + delta``, saturated at :data:`MAX_INSTANT` instead of raising OverflowError."""
+    try:
+        return min(t + delta, MAX_INSTANT)
+    except OverflowError:
+        return MAX_INSTANT
+
+
 def fmt_local(dt: datetime, tz: ZoneInfo) -> str:
     """An instant as people read it in zone ``tz``: ``2026-10-25 02:30 CEST (UTC+02:00)``.
 
     The abbreviation and the offset make the two instants of a repeated wall time (the
-    autumn DST night) distinguishable in messages.
+    autumn DST night) distinguishable in messages. An instant so late that the zone's
+    offset would carry it past year 9999 is printed in UTC.
     """
-    local = dt.astimezone(tz)
+    try:
+        local = dt.astimezone(tz)
+    except OverflowError:
+        local = dt.astimezone(UTC)
     off = local.strftime("%z")
     return f"{local:%Y-%m-%d %H:%M} {local.tzname()} (UTC{off[:3]}:{off[3:]})"
 

@@ -39,7 +39,7 @@ def list_reservations(
     user_filter: Annotated[str | None, Query(alias="user", max_length=64)] = None,
     host: Annotated[str | None, Query(max_length=128)] = None,
     device: Annotated[str | None, Query(max_length=128, description="device UUID")] = None,
-    state: Annotated[str | None, Query(pattern="^(upcoming|active|ended|cancelled|released)$")] = None,
+    state: Annotated[str | None, Query(pattern="^(upcoming|active|ended|cancelled|released|pending|denied|expired)$")] = None,
     from_: Annotated[str | None, Query(alias="from", max_length=64, description="overlapping [from, to)")] = None,
     to: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,

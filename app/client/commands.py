@@ -315,6 +315,12 @@ def register(cli: typer.Typer) -> None:
     add(env, "env")
     add(run, "run")
     add(usage, "usage")
+    from app.client import approvals as approval_commands
+
+    add(approval_commands.approvals, "approvals")
+    add(approval_commands.approve, "approve")
+    add(approval_commands.deny, "deny")
+    add(approval_commands.maintenance, "maintenance")
     if not cli.info.epilog:
         cli.info.epilog = EXIT_CODES
 

@@ -23,7 +23,10 @@ def fmt_time(dt: datetime | None, tz: ZoneInfo, now: datetime | None = None) -> 
     """``14:00`` today, ``Tue 24 Mar 14:00`` another day (year added if not this year)."""
     if dt is None:
         return "-"
-    local = dt.astimezone(tz)
+    try:
+        local = dt.astimezone(tz)
+    except OverflowError:  # the end of an open-ended hold (end of year 9999 UTC) is past the zone's range
+        return "open-ended"
     ref = (now or datetime.now(UTC)).astimezone(tz)
     if local.date() == ref.date():
         return local.strftime("%H:%M")

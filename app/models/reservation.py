@@ -32,9 +32,15 @@ class ReservationStatus(StrEnum):
     CONFIRMED = "confirmed"
     CANCELLED = "cancelled"
     RELEASED = "released"
+    PENDING = "pending"  # awaiting approval: holds its devices tentatively (items active)
+    DENIED = "denied"  # a pending refused by an approver: devices freed
+    EXPIRED = "expired"  # a pending that reached its start unapproved: devices freed
 
 
 STATUSES = tuple(s.value for s in ReservationStatus)
+# Statuses whose reservation never held (or no longer holds) its devices: not counted anywhere.
+NOT_HELD = ("cancelled", "denied", "expired")
+KINDS = ("booking", "maintenance")
 
 
 class ReservationSeries(Base):
@@ -71,7 +77,9 @@ class Reservation(Base):
     __tablename__ = "reservations"
     __table_args__ = (
         CheckConstraint("end_at > start_at", name="interval"),
-        CheckConstraint("status IN ('confirmed', 'cancelled', 'released')", name="status"),
+        CheckConstraint("status IN ('confirmed', 'cancelled', 'released', 'pending', 'denied', 'expired')",
+                        name="status"),
+        CheckConstraint("kind IN ('booking', 'maintenance')", name="kind"),
         Index("ix_reservations_host_id_end_at", "host_id", "end_at"),
         Index("ix_reservations_user_id_end_at", "user_id", "end_at"),  # quota counting
     )
@@ -82,6 +90,8 @@ class Reservation(Base):
     start_at: Mapped[datetime]
     end_at: Mapped[datetime]
     status: Mapped[str] = mapped_column(String(16), default="confirmed")
+    kind: Mapped[str] = mapped_column(String(16), default="booking", server_default="booking",
+                                      comment="maintenance: an admin's hold of hosts/devices (may be open-ended)")
     note: Mapped[str | None] = mapped_column(String(1024))
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     override_reason: Mapped[str | None] = mapped_column(String(1024))
@@ -142,4 +152,4 @@ class ReservationShare(Base):
     group: Mapped[Group | None] = relationship(lazy="raise")
 
 
-__all__ = ["ReservationStatus", "Reservation", "ReservationDevice", "ReservationShare", "ReservationSeries", "STATUSES"]
+__all__ = ["KINDS", "NOT_HELD", "ReservationStatus", "Reservation", "ReservationDevice", "ReservationShare", "ReservationSeries", "STATUSES"]

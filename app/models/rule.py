@@ -40,6 +40,11 @@ class SharingRule(Base):
     max_concurrent_reservations: Mapped[int | None] = mapped_column(Integer)
     allowed_hosts: Mapped[list[str] | None] = mapped_column()
     allowed_models: Mapped[list[str] | None] = mapped_column()
+    # approval thresholds: a booking above any of them is pending until approved
+    approval_above_devices: Mapped[int | None] = mapped_column(Integer)
+    approval_above_seconds: Mapped[int | None] = mapped_column(Integer)
+    approval_above_ahead_seconds: Mapped[int | None] = mapped_column(Integer)
+    approval_above_gpu_hours: Mapped[float | None] = mapped_column(Float)
     note: Mapped[str | None] = mapped_column(String(512))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ReservationState = Literal["upcoming", "active", "ended", "cancelled", "released"]
+ReservationState = Literal["upcoming", "active", "ended", "cancelled", "released", "pending", "denied", "expired"]
 
 
 class PlacementConstraints(BaseModel):
@@ -107,3 +107,4 @@ class ReservationRead(BaseModel):
     created_at: datetime
     created_by: str | None = None
     override_reason: str | None = None
+    kind: Literal["booking", "maintenance"] = "booking"

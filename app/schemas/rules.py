@@ -26,6 +26,14 @@ class RuleLimits(BaseModel):
     allowed_hosts: list[str] | None = Field(default=None, max_length=256, description="host names")
     allowed_models: list[str] | None = Field(default=None, max_length=256,
                                              description="model substrings, case-insensitive (e.g. A100)")
+    approval_above_devices: int | None = Field(default=None, ge=0, le=4096,
+                                               description="a booking of more devices awaits approval")
+    approval_above_seconds: int | None = Field(default=None, ge=0, le=366 * 86400,
+                                               description="a longer booking awaits approval, s")
+    approval_above_ahead_seconds: int | None = Field(default=None, ge=0, le=3 * 366 * 86400,
+                                                     description="a booking starting further ahead awaits approval, s")
+    approval_above_gpu_hours: float | None = Field(default=None, ge=0, le=1e7,
+                                                   description="a booking of more device-hours awaits approval")
     note: str | None = Field(default=None, max_length=512)
 
 
@@ -53,6 +61,10 @@ class RuleRead(BaseModel):
     max_concurrent_reservations: int | None
     allowed_hosts: list[str] | None
     allowed_models: list[str] | None
+    approval_above_devices: int | None = None
+    approval_above_seconds: int | None = None
+    approval_above_ahead_seconds: int | None = None
+    approval_above_gpu_hours: float | None = None
     note: str | None
     created_at: datetime
     updated_at: datetime

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from app.errors import Conflict, InvalidInput, NotFound, ReservationConflict
 from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
 from app.schemas.reservation import ConflictRef
-from app.timeutil import fmt_local
+from app.timeutil import MAX_INSTANT, add_capped, fmt_local
 
 UTC_ZONE = ZoneInfo("UTC")
 
@@ -244,7 +244,7 @@ def earliest_free_start(
 ) -> datetime:
     """The earliest instant ``t >= after`` at which all ``devices`` are free for ``[t, t + length)``."""
     q = select(ReservationDevice.start_at, ReservationDevice.end_at).where(
-        _overlap_clause(devices, after, datetime.max.replace(tzinfo=after.tzinfo))
+        _overlap_clause(devices, after, MAX_INSTANT)
     )
     if exclude_id is not None:
         q = q.where(ReservationDevice.reservation_id != exclude_id)
@@ -254,7 +254,7 @@ def earliest_free_start(
     while moved:
         moved = False
         for s, e in busy:
-            if s < t + length and e > t:
+            if s < add_capped(t, length) and e > t:
                 t = e
                 moved = True
     return t

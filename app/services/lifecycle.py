@@ -42,6 +42,9 @@ class Phase(StrEnum):
     ENDED = "ended"
     CANCELLED = "cancelled"
     RELEASED = "released"
+    PENDING = "pending"  # awaiting approval, before its start
+    DENIED = "denied"
+    EXPIRED = "expired"  # a pending at or after its start, approved by nobody
 
 
 class Action(StrEnum):
@@ -51,6 +54,10 @@ class Action(StrEnum):
     RELEASE = "release"
     CHANGE_END = "change_end"
     EDIT = "edit"
+    APPROVE = "approve"
+    DENY = "deny"
+    EXPIRE = "expire"  # the sweep storing that a pending reached its start unapproved
+    OVERRIDE = "override"  # a maintenance with override cancelling or shortening the reservation
 
 
 # (phase before, action) -> stored status after. The only legal transitions.
@@ -61,10 +68,22 @@ TRANSITIONS: dict[tuple[Phase, Action], Status] = {
     (Phase.ACTIVE, Action.CHANGE_END): Status.CONFIRMED,
     (Phase.UPCOMING, Action.EDIT): Status.CONFIRMED,
     (Phase.ACTIVE, Action.EDIT): Status.CONFIRMED,
+    (Phase.PENDING, Action.APPROVE): Status.CONFIRMED,
+    (Phase.PENDING, Action.DENY): Status.DENIED,
+    (Phase.PENDING, Action.CANCEL): Status.CANCELLED,
+    (Phase.PENDING, Action.EDIT): Status.PENDING,
+    (Phase.EXPIRED, Action.EXPIRE): Status.EXPIRED,
+    # maintenance with override: one that starts inside the maintenance is cancelled, one that
+    # started before it is cut at the maintenance's start (its status stays)
+    (Phase.PENDING, Action.OVERRIDE): Status.CANCELLED,
+    (Phase.UPCOMING, Action.OVERRIDE): Status.CONFIRMED,
+    (Phase.ACTIVE, Action.OVERRIDE): Status.CONFIRMED,
 }
 
 # Audit actions that mark a state change of a reservation (what a refused loser is told about).
-_CHANGE_ACTIONS = tuple(f"reservation.{a}" for a in ("cancel", "release", "change_end", "share", "edit"))
+_CHANGE_ACTIONS = tuple(f"reservation.{a}" for a in ("cancel", "release", "change_end", "share", "edit", "approve",
+                                                     "deny", "expire", "override"))
+_HISTORY = (Phase.ENDED, Phase.CANCELLED, Phase.RELEASED, Phase.DENIED, Phase.EXPIRED)
 
 
 def phase(r: Reservation, now: datetime) -> Phase:
@@ -73,6 +92,12 @@ def phase(r: Reservation, now: datetime) -> Phase:
         return Phase.CANCELLED
     if r.status == Status.RELEASED:
         return Phase.RELEASED
+    if r.status == Status.DENIED:
+        return Phase.DENIED
+    if r.status == Status.EXPIRED:
+        return Phase.EXPIRED
+    if r.status == Status.PENDING:
+        return Phase.PENDING if now < r.start_at else Phase.EXPIRED
     if now < r.start_at:
         return Phase.UPCOMING
     if now < r.end_at:
@@ -107,13 +132,21 @@ def refusal(session: Session, r: Reservation, action: Action, p: Phase, *, tz: Z
     """The 409 for ``action`` on ``r`` in phase ``p``: names who changed it last and when, or when it ended."""
     last = last_change(session, r.id)
     extra: dict[str, object] = {"state": p.value, "action": action.value}
-    if p in (Phase.CANCELLED, Phase.RELEASED) and last is not None:
+    decided = action in (Action.APPROVE, Action.DENY) and last is not None
+    if (p in (Phase.CANCELLED, Phase.RELEASED, Phase.DENIED) or decided) and last is not None:
         who = last.actor.removeprefix("user:")
         done = last.action.removeprefix("reservation.")
         when = fmt_local(last.at, tz)
         extra.update(changed_by=who, changed_action=done, changed_at=last.at.isoformat())
-        detail = f"reservation {r.id} was {p.value} by {who} at {when}; history cannot be changed"
-    elif p in (Phase.ENDED, Phase.CANCELLED, Phase.RELEASED):
+        if p in _HISTORY:
+            detail = f"reservation {r.id} was {p.value} by {who} at {when}; history cannot be changed"
+        else:
+            detail = (f"reservation {r.id} is {p.value}, no longer pending: {done} by {who} at {when}; "
+                      f"cannot {action.value} it")
+    elif p == Phase.EXPIRED:
+        detail = (f"reservation {r.id} expired unapproved at its start {fmt_local(r.start_at, tz)}; "
+                  "history cannot be changed")
+    elif p in _HISTORY:
         detail = f"reservation {r.id} {p.value} at {fmt_local(r.end_at, tz)}; history cannot be changed"
     else:
         allowed = ", ".join(a.value for a in legal_actions(p)) or "nothing"

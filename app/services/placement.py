@@ -32,12 +32,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from app.errors import InvalidInput
+from app.errors import Conflict, InvalidInput
 from app.models import Device, DeviceProcess, DeviceTelemetry, Host, ReservationDevice, User
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import hosts as host_service
 from app.services import rules as rules_service
 from app.services.intervals import Interval
+from app.timeutil import add_capped
 
 BUSY_MEMORY_MIB = 1024.0
 BUSY_UTILIZATION_PCT = 10.0
@@ -214,6 +215,8 @@ def _times(cands: Sequence[Candidate], after: datetime) -> list[datetime]:
 
 
 def _fits(cands: Sequence[Candidate], req: Request, t: datetime, length: timedelta, now: datetime) -> list[Slot]:
+    if add_capped(t, length) - t < length:
+        return []  # past the latest instant the service computes with (an open-ended hold ends there)
     by_host: dict[int, list[Candidate]] = defaultdict(list)
     for c in cands:
         if c.free(t, t + length):
@@ -249,14 +252,17 @@ def _check_satisfiable(cands: Sequence[Candidate], req: Request) -> None:
 
 def earliest_slot(session: Session, *, req: Request, after: datetime, length: timedelta, now: datetime) -> Slot:
     """The earliest slot for ``req`` at or after ``after``; raises InvalidInput (422, field
-    ``count``) when no host has enough matching devices at all."""
+    ``count``) when no host has enough matching devices at all, Conflict (409, field
+    ``count``) when they are held open-ended (until the latest instant)."""
     cands = candidates(session, req=req, after=after)
     _check_satisfiable(cands, req)
     for t in _times(cands, after):
         fits = _fits(cands, req, t, length, now)
         if fits:
             return fits[0]
-    raise AssertionError("unreachable: every busy interval ends")  # pragma: no cover
+    # every matching device is held until the latest instant (open-ended or year-9999 holds)
+    raise Conflict(f"count: {req.count} matching device(s) are never free for {length} on one host: "
+                   "they are held open-ended", field="count")
 
 
 def request_for(session: Session, *, count: int, host: str | None, constraints: PlacementConstraints | None,

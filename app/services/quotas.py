@@ -107,8 +107,12 @@ def device_hours(rows: Sequence[tuple[int, datetime, datetime]], ws: datetime, w
 
 
 def fmt_local(dt: datetime, tz: ZoneInfo, now: datetime | None = None) -> str:
-    """``18:00`` today, ``Tue 24 Mar 18:00`` another day (with the year if not this year), in ``tz``."""
-    local = dt.astimezone(tz)
+    """``18:00`` today, ``Tue 24 Mar 18:00`` another day (with the year if not this year), in
+    ``tz``; ``open-ended`` for an instant the zone cannot show (the end of year 9999 UTC)."""
+    try:
+        local = dt.astimezone(tz)
+    except OverflowError:
+        return "open-ended"
     ref = (now or utcnow()).astimezone(tz)
     if local.date() == ref.date():
         return local.strftime("%H:%M")

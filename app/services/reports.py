@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session, selectinload
 from app.config import Settings
 from app.db import advisory_xact_lock
 from app.errors import InvalidInput, NotFound
+from app.models.reservation import NOT_HELD
 from app.models import (
     AuditLog,
     Device,
@@ -261,7 +262,7 @@ def usage_report(
             selectinload(Reservation.host),
             selectinload(Reservation.shares).selectinload(ReservationShare.user),
         )
-        .where(Reservation.user_id.in_(user_ids), Reservation.status != "cancelled",
+        .where(Reservation.user_id.in_(user_ids), Reservation.status.notin_(NOT_HELD),
                Reservation.start_at < until, Reservation.end_at > start)
         .order_by(Reservation.start_at, Reservation.id)
     )) if user_ids else []

@@ -29,12 +29,13 @@ from app.models import (
     utcnow,
 )
 from app.schemas.reservation import DeviceRef, ReservationCreate, ReservationRead, ReservationUpdate
-from app.services import lifecycle, placement
+from app.services import approvals, lifecycle, placement
 from app.services import shares as share_service
 from app.services import rules as rules_service
 from app.services.conflicts import (UTC_ZONE, conflict_error, devices_sorted, find_conflicts, insert_items,
                                     loaded_options, resolve_bookable_devices, write_guarded)
 from app.services.intervals import parse_interval, validate_interval
+from app.services.slot_freed import on_slot_freed
 from app.timeutil import fmt_local, parse_instant
 
 
@@ -84,6 +85,7 @@ def to_read(r: Reservation, now: datetime | None = None) -> ReservationRead:
         shared_with=share_names(r),
         created_at=r.created_at,
         override_reason=r.override_reason,
+        kind=r.kind or "booking",
     )
 
 
@@ -149,7 +151,12 @@ def create_reservation(
         tz=settings.tz,
     )
 
-    if find_conflicts(session, devices=devices, start=interval.start, end=interval.end):
+    status, approval = approvals.initial_status(session, owner=owner, actor=actor, devices=devices,
+                                                start=interval.start, end=interval.end, now=now)
+    found = find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
+    if found and approvals.expire_due(session, now=now, settings=settings, load=load_locked, ids=[c.id for c in found]):
+        found = find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
+    if found:
         raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz)
 
     r = Reservation(
@@ -157,7 +164,7 @@ def create_reservation(
         host=host,
         start_at=interval.start,
         end_at=interval.end,
-        status="confirmed",
+        status=status,
         note=data.note,
         created_by_id=actor.id,
         override_reason=data.override_reason,
@@ -175,7 +182,9 @@ def create_reservation(
             actor=f"user:{actor.username}",
             action="reservation.create",
             target=f"reservation:{r.id}",
-            detail={"user": owner.username, "override_reason": data.override_reason} if data.override_reason else {"user": owner.username},
+            detail={"user": owner.username,
+                    **({"override_reason": data.override_reason} if data.override_reason else {}),
+                    **({"approval": approval} if approval else {})},
         )
     )
     return _flushed(session, r)
@@ -199,8 +208,8 @@ def load_locked(session: Session, reservation_id: int) -> Reservation:
 
 
 def _end_action(p: lifecycle.Phase) -> lifecycle.Action:
-    """DELETE and release mean cancel before the start and release after it."""
-    return lifecycle.Action.CANCEL if p == lifecycle.Phase.UPCOMING else lifecycle.Action.RELEASE
+    """DELETE and release mean cancel before the start (or while pending) and release after it."""
+    return lifecycle.Action.CANCEL if p in (lifecycle.Phase.UPCOMING, lifecycle.Phase.PENDING) else lifecycle.Action.RELEASE
 
 
 def _can_modify(actor: User, r: Reservation) -> Reservation:
@@ -307,6 +316,7 @@ def end_reservation(
     r.sequence += 1
     r.updated_at = now
     session.add(AuditLog(actor=f"user:{actor.username}", action=action, target=f"reservation:{r.id}"))
+    on_slot_freed(session, r)
     return _flushed(session, r)
 
 
@@ -345,8 +355,8 @@ def list_reservations(
         st = flt.state
         if st == "cancelled":
             q = q.where(Reservation.status == "cancelled")
-        elif st == "released":
-            q = q.where(Reservation.status == "released")
+        elif st in ("released", "pending", "denied", "expired"):
+            q = q.where(Reservation.status == st)
         elif st == "upcoming":
             q = q.where(Reservation.status == "confirmed", Reservation.start_at > now)
         elif st == "active":
@@ -355,7 +365,7 @@ def list_reservations(
             q = q.where(Reservation.status == "confirmed", Reservation.end_at <= now)
         else:
             raise InvalidInput(
-                "state: one of upcoming, active, ended, cancelled, released", field="state"
+                "state: one of upcoming, active, ended, cancelled, released, pending, denied, expired", field="state"
             )
     total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
     rows = list(session.scalars(q.options(*loaded_options()).order_by(Reservation.start_at, Reservation.id).limit(limit).offset(offset)))

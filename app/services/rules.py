@@ -58,7 +58,11 @@ NUMERIC_LIMITS = (
     "max_concurrent_reservations",
 )
 LIST_LIMITS = ("allowed_hosts", "allowed_models")
-LIMIT_FIELDS = NUMERIC_LIMITS + LIST_LIMITS
+# Thresholds above which a booking awaits approval (resolved like numeric limits: the larger
+# group value is the more generous); :mod:`app.services.approvals` applies them.
+APPROVAL_FIELDS = ("approval_above_devices", "approval_above_seconds", "approval_above_ahead_seconds",
+                   "approval_above_gpu_hours")
+LIMIT_FIELDS = NUMERIC_LIMITS + LIST_LIMITS + APPROVAL_FIELDS
 SCOPES = ("default", "group", "user")
 
 # pg_advisory_xact_lock keys: namespace in the high 32 bits, the id in the low ones.
@@ -320,6 +324,7 @@ def validate_reservation(
     if existing is not None and end <= existing.end_at:
         return []  # a shorter (or equal) end breaks nothing new (see check_limits)
     limits = resolve_limits(session, owner)
+    session.info[("gpuroster.resolved_limits", owner.id)] = limits  # approval thresholds read them (one query)
     if any(limits[name].value is not None for name in COUNTED_LIMITS):
         # only counted limits read the owner's other reservations; without one there is
         # nothing to serialise and the lock would cost a round trip per booking

@@ -22,6 +22,7 @@ from app.services import occupied
 from app.services import reservations as reservation_service
 from app.web.book import conflict_lines, device_names
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
+from app.timeutil import add_capped
 from app.web.render import page
 from app.web.routing import page_router
 
@@ -46,7 +47,7 @@ def my_reservations(session: Session, *, viewer: Viewer, settings: Settings, now
     out = MyReservations()
     for r in rows:
         state = reservation_service.reservation_state(r, now)
-        {"active": out.active, "upcoming": out.upcoming}.get(state, out.past).append(r)
+        {"active": out.active, "upcoming": out.upcoming, "pending": out.upcoming}.get(state, out.past).append(r)
     out.past.sort(key=lambda r: r.start_at, reverse=True)
     return out
 
@@ -76,7 +77,7 @@ def _list_page(request: Request, session: Session, viewer: Viewer, settings: Set
         "labels": device_labels(session, [*mine.active, *mine.upcoming, *mine.past]),
         "now": now, "state_of": lambda r: reservation_service.reservation_state(r, now), "past_days": PAST_DAYS,
         "cuda": reservation_service.cuda_visible_devices, "refs": lambda r: reservation_service.to_read(r, now).devices,
-        "one_hour": timedelta(hours=1), **extra,
+        "one_hour": timedelta(hours=1), "later": add_capped, **extra,
     }
     return page(request, "mine.html", ctx, block="reservations", status=status)
 

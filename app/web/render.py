@@ -38,7 +38,10 @@ def _tz(ctx: Mapping[str, Any]):
 
 
 def _local(dt: datetime, tz, now: datetime | None) -> str:
-    loc = dt.astimezone(tz)
+    try:
+        loc = dt.astimezone(tz)
+    except OverflowError:  # an open-ended hold ends at the end of year 9999 UTC, past the zone's range
+        return "open-ended"
     ref = (now or datetime.now(UTC)).astimezone(tz)
     if loc.date() == ref.date():
         return loc.strftime("%H:%M")
@@ -54,7 +57,10 @@ def when(ctx: Mapping[str, Any], dt: datetime | None, *, full: bool = False) -> 
         return Markup("—")
     tz = _tz(ctx)
     if full:
-        text = dt.astimezone(tz).strftime("%a %d %b %Y %H:%M")
+        try:
+            text = dt.astimezone(tz).strftime("%a %d %b %Y %H:%M")
+        except OverflowError:
+            text = "open-ended"
     else:
         text = _local(dt, tz, ctx.get("now"))
     utc = dt.astimezone(UTC)
@@ -68,7 +74,10 @@ def local_input(ctx: Mapping[str, Any], dt: datetime | None) -> str:
     """The value for an ``<input type="datetime-local">`` in the lab zone."""
     if dt is None:
         return ""
-    return dt.astimezone(_tz(ctx)).strftime("%Y-%m-%dT%H:%M")
+    try:
+        return dt.astimezone(_tz(ctx)).strftime("%Y-%m-%dT%H:%M")
+    except OverflowError:  # past the zone's range (an open-ended hold): the latest wall time it can show
+        return "9999-12-31T00:00"
 
 
 @pass_context

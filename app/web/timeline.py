@@ -44,6 +44,14 @@ class Column:
     start: datetime
 
 
+def fmt_end(end: datetime, tz: ZoneInfo) -> str:
+    """A bar's end in ``tz``; ``open-ended`` for an end the zone cannot show (end of year 9999 UTC)."""
+    try:
+        return f"{end.astimezone(tz):%a %d %b %H:%M}"
+    except OverflowError:
+        return "open-ended"
+
+
 @dataclass
 class Bar:
     """A reservation drawn on a device's row."""
@@ -256,11 +264,13 @@ def timeline_view(
                 continue
             seen.add(r.id)
             s, e = max(r.start_at, start), min(r.end_at, end)
-            local_s, local_e = r.start_at.astimezone(tz), r.end_at.astimezone(tz)
-            text = r.user.username + _via(h, d) + (f" · {r.note}" if r.note else "")
+            local_s = r.start_at.astimezone(tz)
+            local_e = fmt_end(r.end_at, tz)
+            kind = "maintenance: " if r.kind == "maintenance" else ""
+            text = kind + r.user.username + _via(h, d) + (f" · {r.note}" if r.note else "")
             row.bars.append(Bar(
                 left=pct(s), width=max(pct(e) - pct(s), 0.3), label=text,
-                title=f"#{r.id} {text}: {local_s:%a %d %b %H:%M} – {local_e:%a %d %b %H:%M} ({r.status})",
+                title=f"#{r.id} {text}: {local_s:%a %d %b %H:%M} – {local_e} ({r.status})",
                 href=f"/me/reservations/{r.id}", mine=r.user_id == viewer_id, released=r.status == "released",
             ))
         row.lanes = stack(row.bars)

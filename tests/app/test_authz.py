@@ -52,6 +52,12 @@ MATRIX = [
     ("DELETE", "/api/v1/notify-targets/{target_id}", _row(401, 204, 404, 204, 403, 403)),
     ("GET", "/api/v1/me/notice-preferences", _row(401, 200, 200, 200, 403, 403)),
     ("PUT", "/api/v1/me/notice-preferences", _row(401, 200, 200, 200, 403, 403)),
+    ("GET", "/api/v1/approvals", _row(401, 200, 200, 200, 403, 403)),
+    # a confirmed reservation: members may not decide (403), an admin finds nothing pending (409)
+    ("POST", "/api/v1/reservations/{reservation_id}/approve", _row(401, 403, 403, 409, 403, 403)),
+    ("POST", "/api/v1/reservations/{reservation_id}/deny", _row(401, 403, 403, 409, 403, 403)),
+    ("POST", "/api/v1/groups/{name}/managers", _row(401, 403, 403, 404, 403, 403)),
+    ("POST", "/api/v1/maintenance", _row(401, 403, 403, 201, 403, 403)),
 ]
 
 
@@ -103,6 +109,12 @@ def test_authorization_matrix(client, lab, make_host, make_user):
             return {"host": "node-01", "devices": [1], "start": s.isoformat(), "duration": "PT1H"}
         if path.startswith("/api/v1/reservations/") and method == "PATCH":
             return {"note": "changed"}
+        if path.endswith("/managers"):
+            return {"users": ["bob"]}
+        if path == "/api/v1/maintenance":
+            s = future(24 * 30) + timedelta(hours=2 * next(_slot))
+            return {"host": "node-01", "devices": [2], "start": s.isoformat(), "end": (s + timedelta(hours=1)).isoformat(),
+                    "reason": "matrix"}
         if path == "/api/v1/agent/snapshots":
             return snapshot_body("node-01", next(seq), [gpu(u, i) for i, u in enumerate(lab.devices)])
         return None

@@ -13,14 +13,16 @@ from app.services.lifecycle import TRANSITIONS, Action, Phase, Status, legal_act
 from tests.conftest import book, future
 
 
-def test_transition_table_lists_only_upcoming_and_active_as_changeable():
-    assert {p for p, _ in TRANSITIONS} == {Phase.UPCOMING, Phase.ACTIVE}
+def test_transition_table_lists_only_upcoming_active_and_pending_as_changeable():
+    # EXPIRED only takes the sweep's EXPIRE (storing that a pending reached its start unapproved)
+    assert {p for p, _ in TRANSITIONS} == {Phase.UPCOMING, Phase.ACTIVE, Phase.PENDING, Phase.EXPIRED}
+    assert legal_actions(Phase.EXPIRED) == [Action.EXPIRE]
     assert TRANSITIONS[(Phase.UPCOMING, Action.CANCEL)] == Status.CANCELLED
     assert TRANSITIONS[(Phase.ACTIVE, Action.RELEASE)] == Status.RELEASED
     assert (Phase.ACTIVE, Action.CANCEL) not in TRANSITIONS and (Phase.UPCOMING, Action.RELEASE) not in TRANSITIONS
-    for p in (Phase.ENDED, Phase.CANCELLED, Phase.RELEASED):
+    for p in (Phase.ENDED, Phase.CANCELLED, Phase.RELEASED, Phase.DENIED):
         assert legal_actions(p) == []
-    assert {s.value for s in Status} == {"confirmed", "cancelled", "released"}
+    assert {s.value for s in Status} == {"confirmed", "cancelled", "released", "pending", "denied", "expired"}
 
 
 def test_phase_is_half_open():

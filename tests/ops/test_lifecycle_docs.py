@@ -36,7 +36,8 @@ def examples() -> list[tuple[str, list[str]]]:
 
 def test_doc_has_examples_for_each_part():
     text = "\n".join(s for s, _ in examples())
-    for needle in ("Idempotency-Key", "fold", "/release", "DELETE", "/me/password", '"active": false'):
+    for needle in ("Idempotency-Key", "fold", "/release", "DELETE", "/me/password", '"active": false', "/approve",
+                   "/deny", "/approvals", "/maintenance", '"override": true'):
         assert needle in text
 
 

@@ -1,0 +1,118 @@
+"""Maintenance: an admin's hold of a host's devices (all, or some), possibly open-ended.
+
+A maintenance is a reservation with ``kind = 'maintenance'`` held by the admin who made it,
+so the same exclusion constraints, conflict answers, pages and feeds cover it. Open-ended
+("until I end it") means it ends at :data:`app.timeutil.MAX_INSTANT`; the admin ends it with
+release (``DELETE /api/v1/reservations/{id}``) like any reservation.
+
+Conflicts: without ``override`` the answer is the usual 409 listing every conflicting
+reservation. With ``override``, each one is changed under its row lock (id order, through
+:func:`app.services.lifecycle.begin`): a reservation that starts before the maintenance is
+cut to end at its start; any other (starting inside it, or pending) is cancelled. Each
+holder is told why and by whom (:mod:`app.services.holder_notices`), each change is in the
+audit log (``reservation.override``, with the maintenance id and reason), and listeners of
+freed slots run. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.errors import InvalidInput
+from app.models import AuditLog, Device, Reservation, User
+from app.services import holder_notices, lifecycle
+from app.services.conflicts import conflict_error, find_conflicts, insert_items, resolve_bookable_devices, write_guarded
+from app.services.slot_freed import on_slot_freed
+from app.timeutil import MAX_INSTANT, fmt_local
+
+
+@dataclass
+class Overridden:
+    """What a maintenance with override did to one reservation: ``cancelled`` or ``shortened``."""
+
+    id: int
+    user: str
+    action: str
+    end: datetime
+
+
+def create(session: Session, *, actor: User, host_name: str, refs: list[str | int] | None, start: datetime,
+           end: datetime | None, reason: str, override: bool, settings: Settings, now: datetime,
+           load) -> tuple[Reservation, list[Overridden]]:
+    """Hold ``refs`` (default: every whole GPU of the host) for ``[start, end)`` (``end``
+    None: open-ended). Returns the maintenance and what it overrode.
+
+    Raises NotFound (host), InvalidInput (devices, times), ReservationConflict (409 listing
+    the conflicts) without ``override``."""
+    end = end or MAX_INSTANT
+    if end <= start:
+        raise InvalidInput(f"end: must be after start ({fmt_local(start, settings.tz)})", field="end")
+    if refs:
+        host, devices = resolve_bookable_devices(session, host_name=host_name, refs=refs)
+    else:
+        host, _ = resolve_bookable_devices(session, host_name=host_name, refs=[])
+        devices = list(session.scalars(select(Device).where(Device.host_id == host.id, Device.parent_id.is_(None),
+                                                            Device.retired_at.is_(None)).order_by(Device.index)))
+        if not devices:
+            raise InvalidInput(f"devices: host {host_name!r} has no devices yet", field="devices")
+    found = find_conflicts(session, devices=devices, start=start, end=end)
+    if found and not override:
+        raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=None, tz=settings.tz)
+    done: list[Overridden] = []
+    lifecycle.lock_rows(session, [c.id for c in found])
+    for c in sorted(found, key=lambda c: c.id):
+        done.append(_override(session, c.id, actor=actor, start=start, reason=reason, settings=settings, now=now,
+                              load=load))
+    m = Reservation(user=actor, host=host, start_at=start, end_at=end, status="confirmed", kind="maintenance",
+                    note=reason, created_by_id=actor.id, override_reason=reason if override else None,
+                    created_at=now, updated_at=now)
+    m.items = []
+    m.shares = []
+    insert_items(session, m, sorted(devices, key=lambda d: d.id))
+    write_guarded(session, lambda: session.add(m), devices=devices, start=start, end=end, exclude_id=None,
+                  tz=settings.tz)
+    session.add(AuditLog(actor=f"user:{actor.username}", action="maintenance.create", target=f"reservation:{m.id}",
+                         detail={"reason": reason, "override": override, "open_ended": end == MAX_INSTANT,
+                                 "overridden": [vars(o) | {"end": o.end.isoformat()} for o in done]}))
+    session.flush()
+    return m, done
+
+
+def _override(session: Session, rid: int, *, actor: User, start: datetime, reason: str, settings: Settings,
+              now: datetime, load) -> Overridden:
+    r, p, after = lifecycle.begin(session, reservation_id=rid, action=lifecycle.Action.OVERRIDE, now=now,
+                                  tz=settings.tz, load=load)
+    cut = p != lifecycle.Phase.PENDING and r.start_at < start
+    old_end = r.end_at
+    if cut:
+        r.end_at = start
+        for i in r.items:
+            i.end_at = r.end_at
+        what = f"shortened to end at {fmt_local(r.end_at, settings.tz)}"
+    else:
+        r.status = lifecycle.Status.CANCELLED
+        r.cancelled_at = now
+        for i in r.items:
+            i.active = False
+        what = "cancelled"
+    r.sequence += 1
+    r.updated_at = now
+    session.add(AuditLog(actor=f"user:{actor.username}", action="reservation.override", target=f"reservation:{r.id}",
+                         detail={"result": "shortened" if cut else "cancelled", "from": old_end.isoformat(),
+                                 "to": r.end_at.isoformat(), "reason": reason}))
+    holder_notices.tell(
+        session, user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} {what.split(' ')[0]}",
+        text=(f"Your reservation {r.id} on {r.host.name} ({fmt_local(r.start_at, settings.tz)} – "
+              f"{fmt_local(old_end, settings.tz)}) was {what} by {actor.username} for maintenance: {reason}"),
+        settings=settings, actor=f"user:{actor.username}")
+    session.flush()
+    on_slot_freed(session, r)
+    return Overridden(r.id, r.user.username, "shortened" if cut else "cancelled", r.end_at)
+
+
+__all__ = ["Overridden", "create"]
