@@ -7,6 +7,7 @@ import logging
 import weakref
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
@@ -181,7 +182,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     from app.middleware.headers import SecurityHeaders
 
-    app.add_middleware(SecurityHeaders, hsts_seconds=settings.hsts_seconds)
+    sso = urlsplit(settings.oidc_discovery_url) if settings.oidc_discovery_url else None
+    app.add_middleware(SecurityHeaders, hsts_seconds=settings.hsts_seconds,
+                       form_targets=(f"{sso.scheme}://{sso.netloc}",) if sso and sso.netloc else ())
     if settings.trusted_proxy_list:
         # client address and scheme from X-Forwarded-For/-Proto, only when a configured proxy sent them
         from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
