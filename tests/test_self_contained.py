@@ -1,7 +1,7 @@
 """The repository is self-contained: no tracked file refers to a path outside it.
 
 A fresh clone with nothing beside it must test and run, so nothing may read a sibling
-checkout (``../shared``), a machine's absolute work directory, or climb out of the tree
+checkout (the ``shared`` folder beside a clone), a machine's absolute work directory, or climb out of the tree
 with ``..`` path joins.
 """
 
@@ -63,7 +63,7 @@ def test_the_check_catches_a_sibling_checkout_and_an_absolute_work_path(tmp_path
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     bad = tmp_path / "conftest.py"
     bad.write_text(
-        'CORPUS = (REPO / ".." / "shared" / "corpus")\n'
+        'CORPUS = (REPO / ".." / "' + 'shared" / "corpus")\n'
         "data = open('" + "/work" + "/shared/CASES.md')\n"
         "ok = REPO / 'tests' / 'data'\n"
     )
