@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
@@ -311,12 +311,17 @@ def write_guarded(
 ) -> None:
     """Run ``mutate()`` and flush inside a savepoint; an exclusion violation (PostgreSQL
     23P01: another transaction committed an overlapping reservation meanwhile) rolls back
-    just the savepoint and becomes a 409 naming the conflict."""
+    just the savepoint and becomes a 409 naming the conflict.
+
+    On PostgreSQL the writer first takes :func:`lock_physical_gpus`, so two writers never
+    have conflicting rows in flight at once: the exclusion check never waits on a
+    transaction that waits back (a deadlock, 40P01, which would surface as a 503)."""
     if session.get_bind().dialect.name == "sqlite":
         # serialised by BEGIN IMMEDIATE and checked just before: no savepoint needed
         mutate()
         session.flush()
         return
+    lock_physical_gpus(session, devices)
     try:
         with session.begin_nested():
             mutate()
@@ -326,3 +331,28 @@ def write_guarded(
         if code == "23P01":
             raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=exclude_id, tz=tz) from None
         raise
+
+
+#: First key of the two-key advisory locks that serialise writers per physical GPU, so the
+#: application's locks cannot collide with another user of the same database.
+GPU_LOCK_CLASS = 0x6770  # "gp"
+
+
+def lock_physical_gpus(session: Session, devices: Sequence[Device]) -> None:
+    """Take PostgreSQL transaction-level advisory locks on the physical GPUs of ``devices``
+    (a MIG slice locks its parent GPU), in ascending id order, held until commit.
+
+    Concurrent inserts of overlapping rows into an exclusion constraint can each see the
+    other's uncommitted row and wait for each other; PostgreSQL then aborts one with a
+    deadlock. Writers that hold the lock of every GPU they write never have conflicting rows
+    in flight together, and one global order keeps the locks themselves deadlock-free.
+    A no-op on SQLite, whose writers are already serialised."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    ids = sorted({d.physical_id for d in devices})
+    if not ids:
+        return
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(:cls, s.k) FROM (SELECT unnest(CAST(:ids AS integer[])) AS k ORDER BY 1) AS s"),
+        {"cls": GPU_LOCK_CLASS, "ids": ids},
+    )
