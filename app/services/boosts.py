@@ -140,7 +140,7 @@ def decide(session: Session, *, actor: User, boost_id: int, approve: bool, reaso
     member's groups (a manager never decides their own); Conflict (409) when it was already
     decided (naming by whom and when) or its end has passed.
     """
-    b = session.scalar(select(QuotaBoost).where(QuotaBoost.id == boost_id).with_for_update())
+    b = session.scalar(select(QuotaBoost).where(QuotaBoost.id == boost_id).with_for_update(of=QuotaBoost))
     if b is None:
         raise NotFound(f"boost {boost_id} not found", field="id")
     if not may_decide_for(session, actor, b.user_id) or (b.user_id == actor.id and not actor.is_admin):
@@ -153,7 +153,7 @@ def decide(session: Session, *, actor: User, boost_id: int, approve: bool, reaso
     if b.ends_at <= now:
         raise Conflict(f"boost {b.id} ended {fmt_local(b.ends_at, tz)} without a decision", field="id")
     b.status = "approved" if approve else "denied"
-    b.decided_by_id = actor.id
+    b.decided_by = actor
     b.decided_at = now
     b.decision_reason = (reason or "").strip()[:1024] or None
     if approve and (b.user.boost_until is None or b.user.boost_until < b.ends_at):
