@@ -140,7 +140,10 @@ def decide(session: Session, *, actor: User, boost_id: int, approve: bool, reaso
     member's groups (a manager never decides their own); Conflict (409) when it was already
     decided (naming by whom and when) or its end has passed.
     """
-    b = session.scalar(select(QuotaBoost).where(QuotaBoost.id == boost_id).with_for_update(of=QuotaBoost))
+    # lock the row first, then read it and its decider afresh: a read that waited for the lock
+    # sees the winner's committed row (PostgreSQL re-reads only the locked table's columns)
+    locked = session.scalar(select(QuotaBoost.id).where(QuotaBoost.id == boost_id).with_for_update())
+    b = session.get(QuotaBoost, boost_id, populate_existing=True) if locked is not None else None
     if b is None:
         raise NotFound(f"boost {boost_id} not found", field="id")
     if not may_decide_for(session, actor, b.user_id) or (b.user_id == actor.id and not actor.is_admin):

@@ -172,3 +172,42 @@ def test_boost_raises_a_calendar_limit(client, lab):
     b = _ask(client, lab.alice, limit="max_gpu_hours_day", value=8).json()
     assert client.post(f"/api/v1/boosts/{b['id']}/approve", headers=lab.admin.headers).status_code == 200
     assert book(client, lab.alice, [0, 1], start, duration="PT2H").status_code == 201
+
+
+def test_a_decision_waits_for_the_one_in_flight_and_then_gets_409(client, lab, session_factory, settings):
+    """While one decision holds the boost's row lock (uncommitted), a second waits for it and
+    then gets a 409 naming the first; the audit log holds one decision."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pytest
+
+    from app.db import lock_for_write
+    from app.errors import Conflict
+    from app.services import boosts as boost_service
+
+    _rule(client, lab, max_gpu_hours_month=10)
+    bid = _ask(client, lab.alice, limit="max_gpu_hours_month", value=20).json()["id"]
+
+    def decide(username: str, approve: bool):
+        with session_factory() as s:
+            lock_for_write(s)
+            actor = s.scalar(select(User).where(User.username == username))
+            boost_service.decide(s, actor=actor, boost_id=bid, approve=approve, reason=None, settings=settings,
+                                 now=datetime.now(UTC))
+            s.commit()
+
+    with session_factory() as first, ThreadPoolExecutor(max_workers=1) as pool:
+        lock_for_write(first)
+        boss = first.scalar(select(User).where(User.username == "boss"))
+        boost_service.decide(first, actor=boss, boost_id=bid, approve=True, reason=None, settings=settings,
+                             now=datetime.now(UTC))
+        second = pool.submit(decide, "boss", False)
+        time.sleep(0.5)
+        assert not second.done()  # waiting for the row lock
+        first.commit()
+        with pytest.raises(Conflict) as e:
+            second.result(timeout=30)
+    assert "already approved by boss" in e.value.detail
+    decisions = [a for a, _ in _actions(session_factory, f"boost:{bid}") if a in ("boost.approve", "boost.deny")]
+    assert decisions == ["boost.approve"]
