@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from app.client import boosts as boost_commands
 from app.client import commands as client_commands
 
 if TYPE_CHECKING:
@@ -247,6 +248,7 @@ def _redact(url: str) -> str:
 
 # The members' commands, listed by name in app.client.commands.register.
 client_commands.register(cli)
+boost_commands.register(cli, admin)  # boost ask|list; admin boost approve|deny
 
 
 def main() -> None:

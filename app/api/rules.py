@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from app.api.boosts import boost_read
 from app.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
 from app.client.units import parse_duration
@@ -188,7 +189,8 @@ def my_usage(
         who = user_service.get_user(session, of)
     u = limit_usage.usage(session, user=who, now=utcnow(), tz=settings.tz)
     return UsageRead(user=u["user"], timezone=u["timezone"], now=u["now"], window=QuotaWindow(**u["window"]),
-                     limits=[LimitUsage(**vars(i)) for i in u["limits"]])
+                     limits=[LimitUsage(**vars(i)) for i in u["limits"]],
+                     boosts=[boost_read(b, u["now"]) for b in u["boosts"]])
 
 
 def _duration_param(value: str) -> float:

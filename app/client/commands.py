@@ -273,7 +273,7 @@ def usage(
     ctx: Ctx,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
 ) -> None:
-    """Your limits: what applies, what is used and what is left."""
+    """Your limits: what applies, what is used and what is left; your pending and active boosts."""
     u = ctx.api.get("/me/usage")
     if as_json:
         print_json(u)
@@ -294,6 +294,11 @@ def usage(
         rows.append([item["rule"], "unlimited" if lim is None else show(lim), show(used), show(left),
                      item["scope"] or "", item["detail"]])
     typer.echo(table(rows, ["LIMIT", "VALUE", "USED", "LEFT", "FROM", "DETAIL"]))
+    from app.client.boosts import value_text
+
+    for b in u.get("boosts", []):
+        typer.echo(f"boost #{b['id']} {b['state']}: {b['limit']} to {value_text(b)} until "
+                   f"{fmt_time(as_datetime(b['end']), ctx.tz)} ({b['reason']})")
 
 
 # ---------------------------------------------------------------------------- registration

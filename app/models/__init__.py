@@ -1,6 +1,7 @@
 """All ORM models; importing this package registers every table on ``Base.metadata``."""
 
 from app.models.base import Base, UTCDateTime, utcnow
+from app.models.boost import BOOST_STATUSES, QuotaBoost
 from app.models.finding import AuditLog, Finding, Notice
 from app.models.idempotency import IdempotencyKey
 from app.models.identity import NOTICE_KINDS, NoticePreference, NotifyTarget
@@ -14,4 +15,5 @@ __all__ = [
     "DeviceTelemetry", "Host", "HostSnapshot", "UsageRollup", "Reservation", "ReservationDevice",
     "ReservationSeries", "ReservationShare", "SharingRule", "ApiToken", "Group", "GroupMember",
     "LoginAttempt", "User", "WebSession", "IdempotencyKey", "NOTICE_KINDS", "NoticePreference", "NotifyTarget",
+    "BOOST_STATUSES", "QuotaBoost",
 ]

@@ -15,7 +15,7 @@ class SharingRule(Base):
 
     Resolution: the most specific scope wins (user > group > default); a user in several
     groups gets the most generous group value. Durations in seconds, GPU-hours per rolling
-    7 days.
+    7 days and per calendar day, ISO week and month.
     """
 
     __tablename__ = "sharing_rules"
@@ -38,6 +38,10 @@ class SharingRule(Base):
     max_ahead_seconds: Mapped[int | None] = mapped_column(Integer)
     max_gpu_hours_7d: Mapped[float | None] = mapped_column(Float)
     max_concurrent_reservations: Mapped[int | None] = mapped_column(Integer)
+    # GPU-hours per calendar window in the lab time zone (day; ISO week from Monday; month)
+    max_gpu_hours_day: Mapped[float | None] = mapped_column(Float)
+    max_gpu_hours_week: Mapped[float | None] = mapped_column(Float)
+    max_gpu_hours_month: Mapped[float | None] = mapped_column(Float)
     allowed_hosts: Mapped[list[str] | None] = mapped_column()
     allowed_models: Mapped[list[str] | None] = mapped_column()
     # approval thresholds: a booking above any of them is pending until approved

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.schemas.boosts import BoostRead
+
 Scope = Literal["default", "group", "user"]
 
 
@@ -23,6 +25,12 @@ class RuleLimits(BaseModel):
     max_gpu_hours_7d: float | None = Field(default=None, gt=0, le=1e7,
                                            description="device-hours per 7 lab-calendar days")
     max_concurrent_reservations: int | None = Field(default=None, ge=1, le=4096)
+    max_gpu_hours_day: float | None = Field(default=None, gt=0, le=1e7,
+                                            description="device-hours per calendar day (lab time zone)")
+    max_gpu_hours_week: float | None = Field(default=None, gt=0, le=1e7,
+                                             description="device-hours per ISO week, Monday 00:00 (lab time zone)")
+    max_gpu_hours_month: float | None = Field(default=None, gt=0, le=1e7,
+                                              description="device-hours per calendar month (lab time zone)")
     allowed_hosts: list[str] | None = Field(default=None, max_length=256, description="host names")
     allowed_models: list[str] | None = Field(default=None, max_length=256,
                                              description="model substrings, case-insensitive (e.g. A100)")
@@ -59,6 +67,9 @@ class RuleRead(BaseModel):
     max_ahead_seconds: int | None
     max_gpu_hours_7d: float | None
     max_concurrent_reservations: int | None
+    max_gpu_hours_day: float | None = None
+    max_gpu_hours_week: float | None = None
+    max_gpu_hours_month: float | None = None
     allowed_hosts: list[str] | None
     allowed_models: list[str] | None
     approval_above_devices: int | None = None
@@ -111,8 +122,10 @@ class LimitUsage(BaseModel):
     used: Any = Field(description="what is used now (devices, reservations) or in the window (GPU-hours)")
     left: Any
     unit: str
-    scope: str | None = Field(description="where the limit comes from: user, group:<name>, default")
+    scope: str | None = Field(description="where the limit comes from: user, group:<name>, default, boost:<id>")
     detail: str
+    boosted_from: Any = Field(default=None, description="under a quota boost: the value the rules give")
+    boost_until: datetime | None = Field(default=None, description="under a quota boost: when it ends")
 
 
 class QuotaWindow(BaseModel):
@@ -126,6 +139,7 @@ class UsageRead(BaseModel):
     now: datetime
     window: QuotaWindow = Field(description="the GPU-hour window: the 7 lab days ending today")
     limits: list[LimitUsage]
+    boosts: list[BoostRead] = Field(default_factory=list, description="your pending and active quota boosts")
 
 
 class SlotRead(BaseModel):

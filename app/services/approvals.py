@@ -80,9 +80,15 @@ def managed_user_ids(session: Session, manager: User):
 
 def may_decide(session: Session, actor: User, r: Reservation) -> bool:
     """Admins decide every pending reservation; a group manager those of their groups' members."""
+    return may_decide_for(session, actor, r.user_id)
+
+
+def may_decide_for(session: Session, actor: User, user_id: int) -> bool:
+    """Whether ``actor`` decides the requests (pending reservations, quota boosts) of user
+    ``user_id``: admins always, a group manager for the members of the groups they manage."""
     if actor.is_admin:
         return True
-    return session.scalar(managed_user_ids(session, actor).where(GroupMember.user_id == r.user_id).limit(1)) is not None
+    return session.scalar(managed_user_ids(session, actor).where(GroupMember.user_id == user_id).limit(1)) is not None
 
 
 def list_pending(session: Session, *, actor: User, now: datetime, load_options: list) -> list[Reservation]:
@@ -164,4 +170,4 @@ def expire_due(session: Session, *, now: datetime, settings: Settings, load, ids
     return out
 
 
-__all__ = ["crossed", "decide", "expire_due", "initial_status", "list_pending", "may_decide"]
+__all__ = ["crossed", "decide", "expire_due", "initial_status", "list_pending", "may_decide", "may_decide_for"]

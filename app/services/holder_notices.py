@@ -26,18 +26,20 @@ _KEY = "gpuroster.holder_mail"
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuroster-holder-mail")
 
 
-def tell(session: Session, *, user: User, reservation_id: int, subject: str, text: str, settings: Settings,
-         actor: str) -> AuditLog:
-    """Record ``text`` for ``user`` about reservation ``reservation_id`` (``actor`` is
-    ``user:<name>`` or ``system``) and queue its e-mail for after the commit. Returns the
-    audit row."""
+def tell(session: Session, *, user: User, reservation_id: int | None, subject: str, text: str, settings: Settings,
+         actor: str, boost_id: int | None = None) -> AuditLog:
+    """Record ``text`` for ``user`` about reservation ``reservation_id`` (or, with
+    ``reservation_id=None``, quota boost ``boost_id``; ``actor`` is ``user:<name>`` or
+    ``system``) and queue its e-mail for after the commit. Returns the audit row."""
     mail = "queued" if settings.smtp_host and user.email else ("no address" if settings.smtp_host else "no SMTP")
+    about: dict = {"reservation": reservation_id} if reservation_id is not None else {"boost": boost_id}
     row = AuditLog(actor=actor, action="notice.reservation", target=f"user:{user.username}",
-                   detail={"reservation": reservation_id, "subject": subject, "text": text, "email": mail})
+                   detail={**about, "subject": subject, "text": text, "email": mail})
     session.add(row)
+    page = "/me/reservations" if reservation_id is not None else "/reports/usage"
     if mail == "queued":
         _after_commit(session, settings, notices.Outgoing(0, "email", user.email or "", email_header(subject),
-                                                          f"{text}\n\n{settings.base_url.rstrip('/')}/me/reservations\n"))
+                                                          f"{text}\n\n{settings.base_url.rstrip('/')}{page}\n"))
     return row
 
 

@@ -1,7 +1,8 @@
 """What a member has used of each of their limits now (``GET /api/v1/me/usage``,
-``gpuroster usage``): held devices and reservations at an instant, GPU-hours over the
-rolling quota window, and the plain limits, each with the scope it comes from
-(:func:`app.services.rules.resolve_limits`)."""
+``gpuroster usage``, the Usage page): held devices and reservations at an instant, GPU-hours
+over the rolling quota window and over the current calendar day, ISO week and month, and the
+plain limits, each with the scope it comes from (:func:`app.services.rules.resolve_limits`,
+``boost:<id>`` while a quota boost raises it), and the member's pending and active boosts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.orm import Session
 
 from app.models import User
+from app.services import boosts as boost_service
+from app.services.calendar_quotas import CALENDAR_LIMITS, window_of
 from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, quota_window
 from app.services.rules import LIST_LIMITS, resolve_limits
 from app.timeutil import fmt_duration
@@ -27,15 +30,19 @@ class UsageItem:
     unit: str
     scope: str | None
     detail: str
+    boosted_from: Any = None
+    boost_until: datetime | None = None
 
 
 def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[str, Any]:
     """Each limit of ``user``: its value, what is used now and what is left.
 
     Devices and reservations count what is held at ``now``; GPU-hours count the seven lab
-    days ending today (booked hours, future parts of today included).
+    days ending today (booked hours, future parts of today included) and the whole calendar
+    day, ISO week and month holding ``now`` (booked hours, future ones included). A limit
+    raised by an active boost says so (``scope`` ``boost:<id>``, ``boosted_from``, ``boost_until``).
     """
-    limits = resolve_limits(session, user)
+    limits = resolve_limits(session, user, now=now)
     today = now.astimezone(tz).date()
     ws, we = quota_window(today - timedelta(days=WINDOW_DAYS - 1), tz)
     rows_now = owner_rows(session, owner_id=user.id, start=now, end=now + timedelta(microseconds=1), exclude_id=None)
@@ -60,6 +67,14 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
                            None if lim.value is None else round(max(0.0, lim.value - hours), 4), "GPU-hours", lim.scope,
                            f"{fmt_hours(hours)} GPU-hours booked {ws.astimezone(tz):%a %d %b} – "
                            f"{(we - timedelta(seconds=1)).astimezone(tz):%a %d %b} ({tz.key})"))
+    for name, kind in CALENDAR_LIMITS.items():
+        lim = limits[name]
+        w = window_of(kind, today, tz)
+        used = device_hours(owner_rows(session, owner_id=user.id, start=w.start, end=w.end, exclude_id=None),
+                            w.start, w.end)
+        items.append(UsageItem(name, lim.value, round(used, 4), None if lim.value is None else
+                               round(max(0.0, lim.value - used), 4), "GPU-hours", lim.scope,
+                               f"{fmt_hours(used)} GPU-hours booked in {w.label} ({fmt_hours(w.hours)} h long)"))
     for name, unit, what in (("max_duration_seconds", "seconds", "longest reservation"),
                              ("max_ahead_seconds", "seconds", "how far ahead a reservation may start")):
         lim = limits[name]
@@ -69,7 +84,13 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
         lim = limits[name]
         items.append(UsageItem(name, lim.value, None, None, "names", lim.scope,
                                "any" if lim.value is None else ", ".join(lim.value)))
+    for item in items:
+        lim = limits[item.rule]
+        if lim.boost_id is not None:
+            item.boosted_from, item.boost_until = lim.base, lim.boost_until
+            item.detail += f"; raised by boost {lim.boost_id} until {fmt_local(lim.boost_until, tz, now)}"
     return {
+        "boosts": boost_service.of_user(session, user=user, now=now),
         "user": user.username,
         "timezone": tz.key,
         "now": now,

@@ -15,7 +15,12 @@ Quantities:
   charged as such) of the owner's reservations inside a window of seven calendar days in
   the lab time zone, ``[00:00 of day D, 00:00 of day D+7)``; every window that the request
   touches must stay within the limit, so for every day the seven days ending on it do;
+* GPU-hours per calendar day, ISO week and month: device-hours inside each such window in the
+  lab time zone that the request touches (:mod:`app.services.calendar_quotas`);
 * reservation length and how far ahead: of the request itself (``start - now``).
+
+Quota boosts: an approved boost (:mod:`app.services.boosts`) raises one numeric limit of its
+user while ``now`` is before its end, for requests that end by then; it never lowers one.
 
 Concurrency: when a counted limit applies, :func:`validate_reservation` takes a
 transaction-scoped advisory lock keyed on the owner (PostgreSQL) before counting, so
@@ -47,6 +52,9 @@ from app.models import (
     User,
 )
 from app import timeutil
+from app.services import calendar_quotas
+from app.services.boost_limits import apply_boosts
+from app.services.calendar_quotas import CALENDAR_LIMITS
 from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, peak, quota_window
 from app.timeutil import fmt_duration
 
@@ -56,6 +64,9 @@ NUMERIC_LIMITS = (
     "max_ahead_seconds",
     "max_gpu_hours_7d",
     "max_concurrent_reservations",
+    "max_gpu_hours_day",
+    "max_gpu_hours_week",
+    "max_gpu_hours_month",
 )
 LIST_LIMITS = ("allowed_hosts", "allowed_models")
 # Thresholds above which a booking awaits approval (resolved like numeric limits: the larger
@@ -69,7 +80,7 @@ SCOPES = ("default", "group", "user")
 QUOTA_LOCK_NAMESPACE = 0x51554F54  # "QUOT": one lock per user while counting quotas
 RULES_LOCK_KEY = 0x52554C45 << 32  # "RULE": creating rules (one per scope target)
 # Limits counted over the owner's other reservations (the quota lock serialises them).
-COUNTED_LIMITS = ("max_devices", "max_concurrent_reservations", "max_gpu_hours_7d")
+COUNTED_LIMITS = ("max_devices", "max_concurrent_reservations", "max_gpu_hours_7d") + tuple(CALENDAR_LIMITS)
 _EPS = 1e-9
 
 
@@ -87,12 +98,20 @@ class Limit:
 
     name: str
     value: Any
-    scope: str | None = None  # "user", "group:<name>", "default"; None when no rule sets it
+    scope: str | None = None  # "user", "group:<name>", "default", "boost:<id>"; None when no rule sets it
     rule_id: int | None = None
+    base: Any = None  # under a boost: the value the rules give
+    boost_id: int | None = None
+    boost_until: datetime | None = None
 
 
-def resolve_limits(session: Session, user: User) -> dict[str, Limit]:
-    """Each limit's effective value for ``user`` with its source (see the module docstring)."""
+def resolve_limits(session: Session, user: User, *, now: datetime | None = None,
+                   until: datetime | None = None) -> dict[str, Limit]:
+    """Each limit's effective value for ``user`` with its source (see the module docstring).
+
+    With ``now``, the user's approved boosts that last past ``now`` (and, with ``until``, the
+    end of the request, to or past ``until``) raise the limits they name.
+    """
     # one statement: only the rules that apply to ``user``, with their group's name
     member_of = select(GroupMember.group_id).where(GroupMember.user_id == user.id)
     found = session.execute(
@@ -135,6 +154,8 @@ def resolve_limits(session: Session, user: User) -> dict[str, Limit]:
                         limit = Limit(f, _copy(getattr(r, f)), "default", r.id)
                         break
         out[f] = limit
+    if now is not None and user.boost_until is not None and user.boost_until > now:
+        apply_boosts(session, user, out, now=now, until=until)
     return out
 
 
@@ -203,7 +224,7 @@ def check_limits(
     if existing is not None and end <= existing.end_at:
         return []
     if limits is None:
-        limits = resolve_limits(session, owner)
+        limits = resolve_limits(session, owner, now=now, until=end)
     out: list[Violation] = []
 
     def v(name: str, detail: str, **kw: Any) -> None:
@@ -293,6 +314,14 @@ def check_limits(
                   extra={"window": {"start": ws.isoformat(), "end": we.isoformat()}, "requested": round(new, 4)})
                 break
             day += timedelta(days=1)
+    cal = {name: limits[name].value for name in CALENDAR_LIMITS}
+    cal_span = calendar_quotas.span(cal, added, end, tz)
+    if cal_span is not None:
+        rows = owner_rows(session, owner_id=owner.id, start=cal_span[0], end=cal_span[1], exclude_id=exclude)
+        for b in calendar_quotas.breaches(rows, limits=cal, devices=len(devices), start=start, end=end, added=added,
+                                          tz=tz):
+            v(b.rule, b.sentence(tz), used=b.used, left=round(b.left, 4),
+              extra={"window": b.window.as_dict(), "requested": b.needed})
     return out
 
 
@@ -323,7 +352,7 @@ def validate_reservation(
     """
     if existing is not None and end <= existing.end_at:
         return []  # a shorter (or equal) end breaks nothing new (see check_limits)
-    limits = resolve_limits(session, owner)
+    limits = resolve_limits(session, owner, now=now, until=end)
     session.info[("gpuroster.resolved_limits", owner.id)] = limits  # approval thresholds read them (one query)
     if any(limits[name].value is not None for name in COUNTED_LIMITS):
         # only counted limits read the owner's other reservations; without one there is
@@ -359,5 +388,3 @@ def validate_reservation(
         violations=[x.as_dict() for x in found],
     )
 
-
-# ---------------------------------------------------------------------------- usage

@@ -58,6 +58,11 @@ MATRIX = [
     ("POST", "/api/v1/reservations/{reservation_id}/deny", _row(401, 403, 403, 409, 403, 403)),
     ("POST", "/api/v1/groups/{name}/managers", _row(401, 403, 403, 404, 403, 403)),
     ("POST", "/api/v1/maintenance", _row(401, 403, 403, 201, 403, 403)),
+    ("GET", "/api/v1/boosts", _row(401, 200, 200, 200, 403, 403)),
+    ("POST", "/api/v1/boosts", _row(401, 201, 201, 201, 403, 403)),
+    # alice's pending boost: neither she nor bob may decide it; an admin may
+    ("POST", "/api/v1/boosts/{boost_id}/approve", _row(401, 403, 403, 200, 403, 403)),
+    ("POST", "/api/v1/boosts/{boost_id}/deny", _row(401, 403, 403, 200, 403, 403)),
 ]
 
 
@@ -68,10 +73,20 @@ def test_authorization_matrix(client, lab, make_host, make_user):
         "host": lab.host.headers, "other_host": other.headers,
     }
     seq = itertools.count(100)
+    # a limit to boost (large enough to refuse none of the matrix's bookings)
+    r = client.post("/api/v1/rules", json={"scope": "default", "max_gpu_hours_month": 100000}, headers=lab.admin.headers)
+    assert r.status_code == 201, r.text
+    boost_end = (future(24 * 3)).isoformat()
 
     def fresh_reservation() -> int:
         s = future(24 * 10) + timedelta(hours=2 * next(_slot))
         r = client.post("/api/v1/reservations", json={"host": "node-01", "devices": [0], "start": s.isoformat(), "duration": "PT1H", "user": "alice"}, headers=lab.admin.headers)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def fresh_boost() -> int:
+        r = client.post("/api/v1/boosts", json={"limit": "max_gpu_hours_month", "value": 200000 + next(seq), "reason": "matrix",
+                                                "end": boost_end}, headers=lab.alice.headers)
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
@@ -115,6 +130,8 @@ def test_authorization_matrix(client, lab, make_host, make_user):
             s = future(24 * 30) + timedelta(hours=2 * next(_slot))
             return {"host": "node-01", "devices": [2], "start": s.isoformat(), "end": (s + timedelta(hours=1)).isoformat(),
                     "reason": "matrix"}
+        if path == "/api/v1/boosts" and method == "POST":
+            return {"limit": "max_gpu_hours_month", "value": 200000 + next(seq), "reason": "matrix", "end": boost_end}
         if path == "/api/v1/agent/snapshots":
             return snapshot_body("node-01", next(seq), [gpu(u, i) for i, u in enumerate(lab.devices)])
         return None
@@ -126,6 +143,7 @@ def test_authorization_matrix(client, lab, make_host, make_user):
                 username="bob", token_id=fresh_token() if "{token_id}" in template else 0, name="node-01",
                 uuid=lab.devices[3], reservation_id=fresh_reservation() if "{reservation_id}" in template else 0,
                 finding_id=999, target_id=fresh_target() if "{target_id}" in template else 0,
+                boost_id=fresh_boost() if "{boost_id}" in template else 0,
             )
             r = client.request(method, path, json=body_for(method, template), headers=headers[actor])
             if r.status_code != expected[actor]:
