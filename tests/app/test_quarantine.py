@@ -153,3 +153,14 @@ def test_maintenance_may_hold_a_quarantined_device(client, lab):
                                                    "start": future(1).isoformat(), "reason": "reset GPU"},
                     headers=lab.admin.headers)
     assert r.status_code == 201, r.text
+
+
+def test_metrics_export_the_health_state_per_device(client, lab):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    post(client, lab, 2, {1: XID + [{"kind": "power_slowdown", "state": "bad"}]})
+    fams = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    state = {s.labels["uuid"]: s.value for s in fams["gpuroster_device_quarantined"].samples}
+    assert state == {lab.devices[0]: 0, lab.devices[1]: 1, lab.devices[2]: 0, lab.devices[3]: 0}
+    conds = sorted((s.labels["uuid"], s.labels["kind"]) for s in fams["gpuroster_device_health_condition"].samples)
+    assert conds == [(lab.devices[1], "power_slowdown"), (lab.devices[1], "xid")]
