@@ -164,3 +164,18 @@ def test_metrics_export_the_health_state_per_device(client, lab):
     assert state == {lab.devices[0]: 0, lab.devices[1]: 1, lab.devices[2]: 0, lab.devices[3]: 0}
     conds = sorted((s.labels["uuid"], s.labels["kind"]) for s in fams["gpuroster_device_health_condition"].samples)
     assert conds == [(lab.devices[1], "power_slowdown"), (lab.devices[1], "xid")]
+
+
+def test_a_replayed_capture_with_pending_retirement_quarantines_its_gpu(client, lab, make_host):
+    from agent.replay import parse_capture
+    from tests.conftest import CORPUS
+
+    host = make_host("replay-01")
+    cap = parse_capture((CORPUS / "pai__nvidia_smi_retired_pages.xml").read_bytes(), "retired_pages.xml")
+    devices = [d.model_dump(mode="json", exclude_none=True) for d in cap.devices]
+    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("replay-01", 1, devices, source="replay"),
+                    headers=host.headers)
+    assert r.status_code == 200, r.text
+    listed = client.get("/api/v1/quarantines", headers=lab.alice.headers).json()
+    assert [(q["host"], q["device"]) for q in listed] == [("replay-01", cap.devices[0].uuid)]
+    assert {c["kind"] for c in listed[0]["conditions"]} == {"ecc_uncorrected", "retired_pages_pending"}
