@@ -179,3 +179,21 @@ def test_a_replayed_capture_with_pending_retirement_quarantines_its_gpu(client, 
     listed = client.get("/api/v1/quarantines", headers=lab.alice.headers).json()
     assert [(q["host"], q["device"]) for q in listed] == [("replay-01", cap.devices[0].uuid)]
     assert {c["kind"] for c in listed[0]["conditions"]} == {"ecc_uncorrected", "retired_pages_pending"}
+
+
+def test_cli_clear_quarantine_clears_and_names_errors(client, lab, settings, monkeypatch):
+    from typer.testing import CliRunner
+
+    from app import cli
+
+    post(client, lab, 2, {3: XID})
+    monkeypatch.setattr(cli, "get_settings", lambda: settings)
+    runner = CliRunner()
+    r = runner.invoke(cli.cli, ["admin", "clear-quarantine", lab.devices[3], "--note", "reseated"])
+    assert r.exit_code == 0, r.output
+    assert "quarantine cleared (XID 79 error)" in r.output
+    assert book(client, lab.alice, [lab.devices[3]], future(2)).status_code == 201
+    r = runner.invoke(cli.cli, ["admin", "clear-quarantine", lab.devices[3]])
+    assert r.exit_code == 2 and "is not quarantined" in r.output
+    listed = client.get("/api/v1/quarantines?include_cleared=true", headers=lab.alice.headers).json()
+    assert listed[0]["cleared_by"] == "cli" and listed[0]["clear_note"] == "reseated"
