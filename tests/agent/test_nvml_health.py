@@ -102,3 +102,12 @@ def test_replayed_capture_carries_remapped_rows_and_unknown_where_na():
     assert a10g["ecc_uncorrected"] == [("ok", 0)]
     gt = checks(parse_capture((CORPUS / "telegraf__gt-1030.xml").read_bytes(), "gt.xml").devices[0])
     assert gt["ecc_uncorrected"] == [("unknown", None)] and gt["remapped_rows_pending"] == [("unknown", None)]
+
+
+def test_the_snapshot_carries_only_bad_and_unknown_readings():
+    from tests.agent.conftest import snapshot_of
+
+    gpu = FakeGPU(uuid="GPU-hot", throttle=0x40, errors={"nvmlDeviceGetRetiredPagesPendingStatus": nvml_error("NotSupported")})
+    snap = snapshot_of(FakeNVML([gpu]))
+    sent = snap.devices[0].health_checks
+    assert {(c.kind, c.state) for c in sent} == {("thermal_slowdown", "bad"), ("retired_pages_pending", "unknown")}

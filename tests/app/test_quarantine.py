@@ -197,3 +197,15 @@ def test_cli_clear_quarantine_clears_and_names_errors(client, lab, settings, mon
     assert r.exit_code == 2 and "is not quarantined" in r.output
     listed = client.get("/api/v1/quarantines?include_cleared=true", headers=lab.alice.headers).json()
     assert listed[0]["cleared_by"] == "cli" and listed[0]["clear_note"] == "reseated"
+
+
+def test_ingest_reads_health_state_only_when_needed_and_writes_only_on_change(app, client, lab):
+    from tests.app.test_booking_statements import _statements
+
+    engine = app.state.engine
+    _, healthy = _statements(engine, lambda: post(client, lab, 2, {}))
+    assert not [s for s in healthy if "device_quarantines" in s or "health_ack" in s]
+    post(client, lab, 3, {1: [{"kind": "remapped_rows_pending", "state": "bad"}]})
+    _, same = _statements(engine, lambda: post(client, lab, 4, {1: [{"kind": "remapped_rows_pending", "state": "bad"}]}))
+    touching = [s for s in same if "device_quarantines" in s or "health_watch" in s or "health_ack" in s]
+    assert touching and all(s.lstrip().upper().startswith("SELECT") for s in touching), touching
