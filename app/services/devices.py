@@ -14,7 +14,7 @@ from app.models import (
     AuditLog, Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User,
 )
 from app.models.states import LIVE_FINDING_STATES, DeviceStatus, HostStatus
-from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, TelemetryRead
+from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, QuarantineRef, TelemetryRead
 from app.services.conflicts import holder_at, holdings
 from app.services.quarantined import open_by_device, quarantine_of
 
@@ -228,6 +228,8 @@ def to_device_read(v: DeviceView, parents: dict[int, Device]) -> DeviceRead:
         name=v.device.name, pci_bus_id=v.device.pci_bus_id,
         memory_total_mib=v.device.memory_total_mib, parent_uuid=parent.uuid if parent is not None else None,
         mig_profile=v.device.mig_profile, is_open=v.device.is_open, retired=v.device.retired_at is not None,
+        quarantine=QuarantineRef(reason=v.quarantine.reason, since=v.quarantine.started_at,
+                                 self_clearing=v.quarantine.self_clearing) if v.quarantine is not None else None,
         last_seen_at=v.device.last_seen_at,
         telemetry=TelemetryRead.model_validate(t, from_attributes=True) if t is not None else None,
         processes=[

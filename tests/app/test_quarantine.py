@@ -209,3 +209,10 @@ def test_ingest_reads_health_state_only_when_needed_and_writes_only_on_change(ap
     _, same = _statements(engine, lambda: post(client, lab, 4, {1: [{"kind": "remapped_rows_pending", "state": "bad"}]}))
     touching = [s for s in same if "device_quarantines" in s or "health_watch" in s or "health_ack" in s]
     assert touching and all(s.lstrip().upper().startswith("SELECT") for s in touching), touching
+
+
+def test_device_list_and_device_read_name_the_quarantine(client, lab):
+    post(client, lab, 2, {1: [{"kind": "thermal_slowdown", "state": "bad"}]})
+    listed = {d["uuid"]: d["quarantine"] for d in client.get("/api/v1/devices", headers=lab.alice.headers).json()}
+    assert listed[lab.devices[0]] is None
+    assert listed[lab.devices[1]]["reason"] == "thermal slowdown" and listed[lab.devices[1]]["self_clearing"] is True
