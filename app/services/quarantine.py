@@ -36,6 +36,7 @@ from app.schemas.quarantine import QuarantineRead
 from app.services import quarantine_notices
 from app.services.health_rule import Condition, critical_conditions, describe
 
+
 def _set_watch(session: Session, host: Host, watch: bool) -> None:
     if host.health_watch != watch:
         session.execute(update(Host.__table__).where(Host.__table__.c.id == host.id).values(health_watch=watch))
