@@ -39,3 +39,13 @@ def test_admin_page_lists_and_clears_a_quarantine(client, weblab):
     assert "Quarantine cleared" in page and "by user:boss: GPU reset" in page
     again = weblab.admin.post("/admin/devices/clear-quarantine", {"uuid": weblab.devices[2]})
     assert again.status_code == 409 and "is not quarantined" in html.unescape(again.text)
+
+
+def test_a_quarantined_free_device_is_not_called_free(client, weblab):
+    quarantine(client, weblab, 3, [{"kind": "xid", "state": "bad", "value": 79}])
+    now = weblab.alice.get("/").text
+    card = now[now.index(weblab.devices[3][:12]):]
+    card = card[:card.index("No processes")] if "No processes" in card else card[:2000]
+    assert "not bookable" in card and ">free<" not in card
+    timeline = weblab.alice.get("/timeline").text
+    assert '<span class="warn small">quarantined: XID 79 error</span></div>' in timeline  # no markup inside an attribute
