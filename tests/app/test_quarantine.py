@@ -52,19 +52,37 @@ def test_application_xid_and_unknown_readings_quarantine_nothing(client, lab):
 
 def test_placement_never_chooses_a_quarantined_device(client, lab):
     post(client, lab, 2, {i: XID for i in (0, 1, 3)})
-    for _ in range(2):
-        r = client.post("/api/v1/reservations", json={"count": 1, "start": future(3).isoformat(), "duration": "PT1H"},
-                        headers=lab.alice.headers)
-        assert r.status_code in (201, 409), r.text
-        if r.status_code == 201:
-            assert [d["uuid"] for d in r.json()["devices"]] == [lab.devices[2]]
-    r = client.post("/api/v1/reservations", json={"count": 2, "start": future(3).isoformat(), "duration": "PT1H"},
-                    headers=lab.alice.headers)
-    assert r.status_code in (409, 422), r.text
+    start = future(3).isoformat()
+    r = client.post("/api/v1/reservations", json={"count": 1, "start": start, "duration": "PT1H"}, headers=lab.alice.headers)
+    assert r.status_code == 201, r.text
+    assert [d["uuid"] for d in r.json()["devices"]] == [lab.devices[2]]
+    # the only healthy device is taken: placement moves to a later time rather than a quarantined device
+    r = client.post("/api/v1/reservations", json={"count": 1, "start": start, "duration": "PT1H"}, headers=lab.bob.headers)
+    assert r.status_code == 201, r.text
+    assert [d["uuid"] for d in r.json()["devices"]] == [lab.devices[2]] and r.json()["start"] > start
+    r = client.post("/api/v1/reservations", json={"count": 2, "start": start, "duration": "PT1H"}, headers=lab.alice.headers)
+    assert r.status_code in (409, 422) and r.headers["content-type"].startswith("application/problem+json"), r.text
+
+
+def test_series_and_mig_slices_of_a_quarantined_gpu_are_refused(client, lab, make_host):
+    post(client, lab, 2, {0: XID})
+    r = client.post("/api/v1/series", json={"host": "node-01", "devices": [0], "freq": "daily", "count": 2,
+                                            "start_date": future(48).date().isoformat(), "start_time": "10:00",
+                                            "duration": "PT1H"}, headers=lab.alice.headers)
+    assert r.status_code == 409 and lab.devices[0] in r.json()["detail"], r.text
+    host = make_host("node-mig")
+    parent = "GPU-77777777-0000-0000-0000-000000000000"
+    devices = [gpu(parent, 0, mig_mode=True, health_checks=[{"kind": "remapped_rows_failure", "state": "bad"}]),
+               {"uuid": "MIG-77777777-0000-0000-0000-000000000001", "index": 0, "parent_uuid": parent,
+                "mig_profile": "3g.40gb", "gpu_instance_id": 1, "memory_total_mib": 40192.0}]
+    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-mig", 1, devices), headers=host.headers)
+    assert r.status_code == 200, r.text
+    r = book(client, lab.alice, ["MIG-77777777-0000-0000-0000-000000000001"], future(2), host="node-mig")
+    assert r.status_code == 409 and "memory row remapping failed" in r.json()["detail"], r.text
 
 
 def test_holders_are_told_with_an_equivalent_free_device_and_admins_are_told(client, lab, session_factory):
-    assert book(client, lab.alice, [lab.devices[1]], future(2)).status_code == 201
+    assert book(client, lab.alice, [lab.devices[1]], "now", duration="PT1H").status_code == 201  # current
     assert book(client, lab.bob, [lab.devices[1]], future(5)).status_code == 201
     for other in (0, 2, 3):  # bob's window: every other device taken
         assert book(client, lab.admin, [lab.devices[other]], future(5)).status_code == 201
