@@ -18,7 +18,7 @@ from datetime import datetime
 from agent import __version__
 from agent.consistency import ProcessDataChecker
 from agent.owners import OwnerResolver
-from agent.schema import MonitoringReport, ProcessReport, Snapshot
+from agent.schema import DeviceReport, MonitoringReport, ProcessReport, Snapshot
 from agent.telemetry import Source, Telemetry
 
 
@@ -75,6 +75,15 @@ def fit_body(snap: Snapshot, max_bytes: int) -> bytes:
         if len(body) <= max_bytes or len(drop) >= len(droppable):
             return body
         drop |= {id(p) for p in droppable[len(drop): len(drop) + max(1, len(drop))]}
+
+
+def _without_ok_checks(d: DeviceReport) -> DeviceReport:
+    """``d`` with its ``ok`` health checks left out: the wire carries only the readings that
+    are ``bad`` or ``unknown`` (parsing a model per fine reading cost the service more than
+    the rest of an 8-GPU snapshot's devices)."""
+    if all(c.state != "ok" for c in d.health_checks):
+        return d
+    return d.model_copy(update={"health_checks": [c for c in d.health_checks if c.state != "ok"]})
 
 
 class SnapshotBuilder:
@@ -139,7 +148,7 @@ class SnapshotBuilder:
             suspect=bool(suspect),
             suspect_reasons=suspect,
             pid_namespace_ok=ns_ok,
-            devices=t.devices,
+            devices=[_without_ok_checks(d) for d in t.devices],
             processes=processes,
         )
         self.consistency.check(snap, live=t.source == "nvml")

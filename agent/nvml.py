@@ -28,9 +28,11 @@ from types import ModuleType
 from typing import Any, Callable
 
 from agent.nvml_device import DeviceReader, _cuda_version, _lost_device_uuids
+from agent.nvml_health import HealthReader
 from agent.nvml_errors import (
     _ERR_FUNCTION_NOT_FOUND,
     _ERR_GPU_IS_LOST,
+    _ERR_TIMEOUT,
     _HOST_CODES,
     _NA_CODES,
     KNOWN_BAD_BINDINGS,
@@ -38,6 +40,7 @@ from agent.nvml_errors import (
     DeviceFault,
     GpuLost,
     HostDown,
+    NoEvent,
     NotAvailable,
     _binding_version,
     _driver_present,
@@ -53,7 +56,7 @@ __all__ = [
     "binding_driver_problem", "classify_init_error", "is_function_missing",
 ]
 
-class NvmlSource(DeviceReader):
+class NvmlSource(DeviceReader, HealthReader):
     """Telemetry from NVML through ``pynvml`` (or a test double with the same names).
 
     :param lib: the ``pynvml`` module or a stand-in; ``None`` imports ``pynvml`` on first use.
@@ -104,6 +107,9 @@ class NvmlSource(DeviceReader):
         self._mem_v2: bool | None = None  # nvmlDeviceGetMemoryInfo_v2 present (None: not asked yet)
         self._binding_checked = False
         self._retry_now = False
+        self._events = None  # the XID event set (agent.nvml_health)
+        self._xid_registered: dict[str, bool] = {}
+        self._health_slow: dict = {}  # uuid -> ECC / pending retirement / remap checks
 
     # -- public -------------------------------------------------------------------------
 
@@ -142,6 +148,7 @@ class NvmlSource(DeviceReader):
     def close(self) -> None:
         """Shut NVML down if it was initialised (best effort)."""
         if self._inited and self._lib is not None:
+            self._reset_health()
             try:
                 self._lib.nvmlShutdown()
             except Exception:  # noqa: BLE001 - shutting down, nothing to report to
@@ -177,12 +184,14 @@ class NvmlSource(DeviceReader):
                 if code == _ERR_FUNCTION_NOT_FOUND:
                     self._warn_missing(name)
                 raise NotAvailable(str(exc), code) from None
+            if code == _ERR_TIMEOUT:
+                raise NoEvent(name) from None
             if code == _ERR_GPU_IS_LOST:
                 raise GpuLost(f"{name}: {exc}") from None
             if code in _HOST_CODES:
                 raise HostDown(f"{name}: {exc}", code) from None
             raise DeviceFault(f"{name}: {exc}") from None
-        except (NotAvailable, GpuLost, HostDown, DeviceFault):
+        except (NotAvailable, GpuLost, HostDown, DeviceFault, NoEvent):
             raise
         except Exception as exc:  # noqa: BLE001 - a binding bug (ctypes, struct) is a field error
             if is_function_missing(exc, self._lib):
@@ -336,6 +345,7 @@ class NvmlSource(DeviceReader):
                     f"nvidia-ml-py {self._binding}, driver {self._versions.get('driver')}: "
                     "the process-info struct layout of the binding probably does not match the driver"
                 )
+        self._add_xids(devices)
         for reason in suspect:
             warn_once("suspect:" + reason.split(" on ")[0] + str(self._versions.get("driver")), "snapshot suspect: %s", reason)
         monitoring = MonitoringReport()

@@ -23,6 +23,7 @@ from typing import Any
 
 from agent.nvml_compat import process_reader
 from agent.nvml_errors import _ERR_FUNCTION_NOT_FOUND, DeviceFault, GpuLost, HostDown, NotAvailable
+from agent.nvml_health import LOST_CHECKS
 from agent.schema import DeviceReport
 from agent.telemetry import RawProcess, bogus_pid, to_str, warn_once
 
@@ -123,7 +124,8 @@ class DeviceReader:
             known = (f"GPU-unknown-index-{index}", None, None)
         uuid, name, bus = known
         return DeviceReport(uuid=uuid, index=index, name=name, pci_bus_id=bus, health="lost", error=why[:1024],
-                            processes_status="unavailable", processes_error="GPU lost")
+                            processes_status="unavailable", processes_error="GPU lost",
+                            health_checks=list(LOST_CHECKS))
 
     def _read_device(self, index: int, slow_round: bool) -> tuple[list[DeviceReport], list[RawProcess], int]:
         lib = self._lib
@@ -184,6 +186,8 @@ class DeviceReader:
             throttle_reasons=[n for bit, n in _THROTTLE_BITS.items() if reasons & bit] if isinstance(reasons, int) else None,
             **slow,
         )
+        device.health_checks = self._device_health(errs, handle, uuid, device.throttle_reasons, slow.get("ecc_uncorrected"),
+                                                   slow_round)
         mig_devices: list[DeviceReport] = []
         mig_map: dict[tuple[int, int | None], str] = {}
         if slow.get("mig_mode"):

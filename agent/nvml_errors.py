@@ -20,6 +20,7 @@ _ERR_NOT_SUPPORTED = 3
 _ERR_NO_PERMISSION = 4
 _ERR_NOT_FOUND = 6
 _ERR_DRIVER_NOT_LOADED = 9
+_ERR_TIMEOUT = 10
 _ERR_LIBRARY_NOT_FOUND = 12
 _ERR_FUNCTION_NOT_FOUND = 13
 _ERR_GPU_IS_LOST = 15
@@ -62,6 +63,10 @@ class NotAvailable(Exception):
     def __init__(self, reason: str, code: int | None = None) -> None:
         super().__init__(reason)
         self.code = code
+
+
+class NoEvent(Exception):
+    """``nvmlEventSetWait`` timed out: no event is waiting (the normal end of a drain)."""
 
 
 class GpuLost(Exception):

@@ -20,7 +20,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.schema import DeviceReport, MonitoringReport
+from agent.nvml_health import ecc_check, flag_check, slowdown_checks
+from agent.schema import DeviceReport, HealthCheck, MonitoringReport
 from agent.telemetry import PID_MAX_LIMIT, RawProcess, Telemetry, bogus_pid, log
 
 _NUMBER = re.compile(r"^\s*\[?\s*(-?\d+(?:\.\d+)?)")
@@ -87,6 +88,21 @@ def _ecc_uncorrected(gpu: ET.Element) -> int | None:
     if old is not None:
         return old
     return _sum([_num(child, ".") for child in vol if "uncorrectable" in child.tag and child.tag.startswith(("sram", "dram"))])
+
+
+def _health(gpu: ET.Element, ecc: int | None, throttle: list[str] | None) -> list[HealthCheck]:
+    """The health checks a capture can say: ECC (volatile, uncorrectable), pending page
+    retirement (``retired_pages/pending_retirement``), row remapping (``remapped_rows``),
+    slowdowns; XID events are not in captures (``unknown``)."""
+    return [
+        ecc_check(ecc),
+        flag_check("retired_pages_pending", _flag(gpu, "retired_pages/pending_retirement")),
+        flag_check("remapped_rows_pending", _flag(gpu, "remapped_rows/remapped_row_pending"),
+                   _int(gpu, "remapped_rows/remapped_row_unc")),
+        flag_check("remapped_rows_failure", _flag(gpu, "remapped_rows/remapped_row_failure")),
+        *slowdown_checks(throttle),
+        HealthCheck(kind="xid", state="unknown"),
+    ]
 
 
 def _throttle(gpu: ET.Element) -> list[str] | None:
@@ -162,6 +178,7 @@ def parse_capture(data: bytes | str, name: str = "capture.xml", *, pid_max: int 
                         _num(gpu, "retired_pages/double_bit_retirement/retired_count")])
         util_gpu = _num(gpu, "utilization/gpu_util")
         util_mem = _num(gpu, "utilization/memory_util")
+        throttle, ecc = _throttle(gpu), _ecc_uncorrected(gpu)
         devices.append(DeviceReport(
             uuid=uuid,
             index=index,
@@ -175,8 +192,9 @@ def parse_capture(data: bytes | str, name: str = "capture.xml", *, pid_max: int 
             power_draw_w=_num(gpu, "power_readings/power_draw", "gpu_power_readings/power_draw",
                               "gpu_power_readings/instant_power_draw", "gpu_power_readings/average_power_draw"),
             power_limit_w=limit,
-            throttle_reasons=_throttle(gpu),
-            ecc_uncorrected=_ecc_uncorrected(gpu),
+            throttle_reasons=throttle,
+            ecc_uncorrected=ecc,
+            health_checks=_health(gpu, ecc, throttle),
             retired_pages=retired,
             persistence_mode=_flag(gpu, "persistence_mode"),
             compute_mode=_word(gpu, "compute_mode"),

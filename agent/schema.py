@@ -40,6 +40,14 @@ ProcessData = Literal["ok", "unreliable", "unlisted", "defunct"]
 FindingKind = Literal["unreserved", "foreign", "overrun", "idle", "unattributed", "unknown_uid"]
 FindingState = Literal["open", "notified", "terminated", "resolved"]
 Policy = Literal["observe", "notify", "terminate"]
+# Device health readings (see HealthCheck): an XID error event, volatile uncorrectable ECC
+# errors, retired pages or remapped rows waiting for a GPU reset, a failed row remap, a GPU
+# fallen off the bus, and clocks slowed down for temperature or power.
+HealthKind = Literal["xid", "ecc_uncorrected", "retired_pages_pending", "remapped_rows_pending", "remapped_rows_failure",
+                     "gpu_lost", "thermal_slowdown", "power_slowdown"]
+# "ok": read and fine; "bad": read and showing the condition; "unknown": NVML (or the
+# capture) could not say (NotSupported, N/A), never to be read as "ok" nor as a failure.
+HealthState = Literal["ok", "bad", "unknown"]
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -57,6 +65,24 @@ def _utc(v: datetime) -> datetime:
 # Every time the agent sends: timezone-aware, normalised to UTC (a naive or out-of-range
 # time is a 422 naming the field, never a 500 further down).
 UtcDatetime = Annotated[datetime, AfterValidator(_utc)]
+
+
+class HealthCheck(BaseModel):
+    """One health reading of a device, as the agent saw it in this poll.
+
+    ``value`` by kind: ``xid`` the XID code of one error event since the previous poll (one
+    check per event); ``ecc_uncorrected`` the volatile uncorrectable ECC error count since the
+    last driver load; ``retired_pages_pending``/``remapped_rows_pending`` the pages/rows
+    affected where known; otherwise ``None``. Whether a reading is critical is the service's
+    rule (:func:`app.services.health_rule.critical_conditions`), not the agent's.
+    """
+
+    model_config = _STRICT
+
+    kind: HealthKind
+    state: HealthState = "ok"
+    value: int | None = Field(default=None, ge=0)
+    detail: str | None = Field(default=None, max_length=256)
 
 
 class DeviceReport(BaseModel):
@@ -97,6 +123,11 @@ class DeviceReport(BaseModel):
     )
     health: DeviceHealth = "ok"
     error: str | None = Field(default=None, max_length=1024)
+    health_checks: list[HealthCheck] = Field(
+        default_factory=list, max_length=64,
+        description="health readings of this poll (XID events, ECC, pending retirement/remap, lost, slowdown); "
+        "empty when the source reads none",
+    )
     processes_status: Literal["ok", "unavailable", "error"] = "ok"
     processes_error: str | None = Field(default=None, max_length=1024)
     process_data: ProcessData = "ok"

@@ -240,6 +240,27 @@ def add_host(name: Annotated[str, typer.Argument(help="host name, as the agent r
     typer.echo(token)
 
 
+@admin.command("clear-quarantine")
+def clear_quarantine(
+    uuid: Annotated[str, typer.Argument(help="the device's NVML UUID (GPU-… or MIG-…)")],
+    note: Annotated[str | None, typer.Option(help="what was done (reset, replaced), for the audit log")] = None,
+) -> None:
+    """Lift the health quarantine of device UUID once it is repaired (audited); conditions
+    still showing are acknowledged until they change."""
+    from app.db import run_in_transaction
+    from app.errors import AppError
+    from app.models import utcnow
+    from app.services import quarantine
+
+    try:
+        q = run_in_transaction(_session_factory(get_settings()),
+                               lambda s: quarantine.clear(s, actor="cli", uuid=uuid, note=note, now=utcnow()))
+    except AppError as e:
+        typer.echo(f"error: {e.detail}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{uuid}: quarantine cleared ({q.reason})")
+
+
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 

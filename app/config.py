@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     metrics_token: str | None = Field(default=None, description="when set, /metrics needs 'Authorization: Bearer <token>'")
     db_retry_after_seconds: int = Field(default=5, ge=1, description="Retry-After of the 503 sent while the database is away")
     pgbouncer: bool = Field(default=False, description="the database URL points at PgBouncer in transaction mode")
+    # Health quarantine (docs/rules.md)
+    health_self_clear_seconds: int = Field(
+        default=300, ge=0, description="a quarantine for thermal/power slowdown lifts after the device reports this long without it")
     # Notices
     smtp_host: str | None = None
     smtp_port: int = 25

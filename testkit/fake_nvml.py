@@ -22,6 +22,8 @@ from typing import Any, Iterator
 import psutil
 import pynvml as _real
 
+from testkit.fake_nvml_health import FakeHealthCalls
+
 GiB = 1024**3
 MiB = 1024**2
 NA_U32 = 0xFFFFFFFF
@@ -86,6 +88,9 @@ class FakeGPU:
     migs: list[FakeMig] = field(default_factory=list)
     errors: dict[str, BaseException] = field(default_factory=dict)
     handle_error: BaseException | None = None
+    xids: list[int] = field(default_factory=list)  # XID events waiting to be read (testkit.fake_nvml_health)
+    retired_pending: int = 0
+    remapped: tuple[int, int, int, int] = (0, 0, 0, 0)  # corrected, uncorrected, pending, failure
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ _Util = namedtuple("_Util", "gpu memory")
 _Pci = namedtuple("_Pci", "busId bus device domain pciDeviceId")
 
 
-class FakeNVML:
+class FakeNVML(FakeHealthCalls):
     """A stand-in for the ``pynvml`` module (see module doc).
 
     :param init_error: raised by ``nvmlInit`` (B09, B10).
@@ -120,7 +125,7 @@ class FakeNVML:
 
     # constants, error classes and unknown functions ---------------------------------------
     def __getattr__(self, name: str) -> Any:
-        if name.startswith(("NVML", "nvmlClocks")) or name == "NVMLError":
+        if name.startswith(("NVML", "nvmlClocks", "nvmlEventType")) or name == "NVMLError":
             return getattr(_real, name)
         if name.startswith("nvml"):
             def missing(*_a: Any, **_k: Any) -> Any:
@@ -565,6 +570,7 @@ def b19_not_supported() -> FakeNVML:
                 "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage",
                 "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetCurrentClocksEventReasons",
                 "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRetiredPages",
+                "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows", "nvmlDeviceRegisterEvents",
                 "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetComputeMode", "nvmlDeviceGetMigMode")}),
     ])
 

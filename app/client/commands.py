@@ -214,6 +214,8 @@ def status(
             procs = (f"[{'defunct (zombie)' if data == 'defunct' else 'unlisted'} process{who_was}] " + procs).strip()
         elif data == "unreliable":
             procs = ("[process data unreliable] " + procs).strip()
+        if d.get("quarantine"):
+            procs = (f"[quarantined: {d['quarantine']['reason']}] " + procs).strip()
         gpu = d["label"].removeprefix("GPU ")  # the column says GPU already
         if d.get("mig_profile"):
             gpu += f" {d['mig_profile']}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 
+from sqlalchemy import false as sa_false
 from sqlalchemy import JSON, BigInteger, Boolean, CheckConstraint, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -52,6 +53,9 @@ class Host(Base):
     # the last snapshot whose collected_at was implausible (future or too old), and when
     clock_trouble: Mapped[str | None] = mapped_column(String(512))
     clock_trouble_at: Mapped[datetime | None]
+    # some device of this host is quarantined or has acknowledged health conditions: ingest
+    # then looks at health state even for a snapshot that shows no critical condition
+    health_watch: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     devices: Mapped[list["Device"]] = relationship(back_populates="host", lazy="raise", order_by="Device.index")
@@ -79,6 +83,9 @@ class Device(Base):
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime | None]
     retired_at: Mapped[datetime | None]
+    # condition keys an admin cleared a quarantine over while they still showed (an ECC count,
+    # a pending retirement): they do not quarantine the device again until they change or go
+    health_ack: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
 
     host: Mapped[Host] = relationship(back_populates="devices", lazy="raise")
     parent: Mapped["Device | None"] = relationship(remote_side="Device.id", lazy="raise")

@@ -105,6 +105,14 @@ class HolderRead(BaseModel):
     end: datetime
 
 
+class QuarantineRef(BaseModel):
+    """The open health quarantine that keeps a device from booking (its own, or its GPU's)."""
+
+    reason: str
+    since: datetime
+    self_clearing: bool = Field(description="lifts by itself once the condition has been gone a while")
+
+
 class DeviceRead(BaseModel):
     uuid: str = Field(description="NVML UUID (MIG-… for a MIG slice): the stable identifier to book and script with")
     host: str
@@ -123,6 +131,7 @@ class DeviceRead(BaseModel):
     holder: HolderRead | None
     next_reservation: HolderRead | None
     status: str = Field(description=" | ".join(DeviceStatus))
+    quarantine: QuarantineRef | None = Field(default=None, description="set while quarantined for health (docs/health.md)")
 
 
 class DeviceUpdate(BaseModel):

@@ -16,8 +16,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from app.errors import Conflict, InvalidInput, NotFound, ReservationConflict
-from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
+from app.models import Device, DeviceQuarantine, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
 from app.schemas.reservation import ConflictRef
+from app.services.quarantined import refuse_quarantined
 from app.timeutil import MAX_INSTANT, add_capped, fmt_local
 
 UTC_ZONE = ZoneInfo("UTC")
@@ -87,28 +88,40 @@ def _match_refs(session: Session, host: Host, refs: Sequence[str | int], devices
     return out
 
 
-def resolve_bookable_devices(session: Session, *, host_name: str, refs: Sequence[str | int]) -> tuple[Host, list[Device]]:
+def resolve_bookable_devices(session: Session, *, host_name: str, refs: Sequence[str | int], tz: ZoneInfo = UTC_ZONE,
+                             allow_quarantined: bool = False) -> tuple[Host, list[Device]]:
     """The host named ``host_name`` and its devices named by ``refs``, refused when reported
-    lost, read in one statement (host, devices and their health joined).
+    lost or quarantined (a MIG instance too when its GPU is), read in one statement (host,
+    devices, their health and open quarantines joined). ``allow_quarantined``: an admin's
+    maintenance may hold a quarantined device (to repair it).
 
     Raises NotFound (404, field ``host``), InvalidInput (422, field ``devices``) as
     :func:`resolve_devices`, Conflict (409, field ``devices``) as :func:`check_health`.
     """
+    quarantine = and_(or_(DeviceQuarantine.device_id == Device.id, DeviceQuarantine.device_id == Device.parent_id),
+                      DeviceQuarantine.cleared_at.is_(None))
     rows = session.execute(
-        select(Host, Device, DeviceTelemetry.health)
+        select(Host, Device, DeviceTelemetry.health, DeviceQuarantine)
         .select_from(Host)
         .outerjoin(Device, and_(Device.host_id == Host.id, _refs_clause(refs)))
         .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+        .outerjoin(DeviceQuarantine, quarantine)
         .where(Host.name == host_name)
     ).all()
     if not rows:
         raise NotFound(f"host {host_name!r} not found", field="host")
     host = rows[0][0]
-    devices = _match_refs(session, host, refs, [d for _h, d, _health in rows if d is not None])
-    lost = {d.id for _h, d, health in rows if d is not None and health == "lost"}
+    listed = list({d.id: d for _h, d, _health, _q in rows if d is not None}.values())
+    devices = _match_refs(session, host, refs, listed)
+    lost = {d.id for _h, d, health, _q in rows if d is not None and health == "lost"}
     if lost:
         names = ", ".join(d.uuid for d in devices if d.id in lost)
         raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
+    held = {d.id: q for _h, d, _health, q in rows if d is not None and q is not None}
+    if held and not allow_quarantined:
+        parts = [f"{d.uuid} is quarantined since {fmt_local(held[d.id].started_at, tz)}: {held[d.id].reason}"
+                 for d in devices if d.id in held]
+        raise Conflict("devices: " + "; ".join(parts) + "; not bookable until the quarantine is cleared", field="devices")
     return host, devices
 def _slice_hint(session: Session, host: Host, text: str) -> str:
     """For a MIG slice named the way people read it (``GPU 0 · MIG 4``, ``0/4``), the UUID to
@@ -124,7 +137,10 @@ def _slice_hint(session: Session, host: Host, text: str) -> str:
     return ""
 
 
-def check_health(session: Session, devices: Iterable[Device]) -> None:
+def check_health(session: Session, devices: Iterable[Device], *, tz: ZoneInfo = UTC_ZONE) -> None:
+    """Raise Conflict (409, field ``devices``) when any of ``devices`` is reported lost or is
+    quarantined (:func:`app.services.quarantined.refuse_quarantined`)."""
+    devices = list(devices)
     ids = [d.id for d in devices]
     lost = session.execute(
         select(Device.uuid, DeviceTelemetry.error)
@@ -134,6 +150,7 @@ def check_health(session: Session, devices: Iterable[Device]) -> None:
     if lost:
         names = ", ".join(u for u, _ in lost)
         raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
+    refuse_quarantined(session, devices, tz=tz)
 
 
 # ---------------------------------------------------------------------------- conflicts

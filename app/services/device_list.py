@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic_core import to_json
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
-from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, User
+from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User
 from app.services.conflicts import holder_at, holdings
 from app.services.devices import device_status, host_state, owner_label, process_occupies, slice_label
 
@@ -41,8 +41,11 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
     devices = session.execute(
         select(Device.id, Device.uuid, Device.index, Device.name, Device.pci_bus_id, Device.memory_total_mib,
                Device.parent_id, Device.mig_profile, Device.is_open, Device.last_seen_at, Device.gpu_instance_id,
-               Host.name, Host.last_seen_at, Host.interval_seconds, Host.monitoring_status)
+               Host.name, Host.last_seen_at, Host.interval_seconds, Host.monitoring_status,
+               DeviceQuarantine.reason, DeviceQuarantine.started_at, DeviceQuarantine.self_clearing)
         .join(Host, Host.id == Device.host_id)
+        # the open health quarantine, in the same statement (at most one per device)
+        .outerjoin(DeviceQuarantine, and_(DeviceQuarantine.device_id == Device.id, DeviceQuarantine.cleared_at.is_(None)))
         .where(Device.id.in_(ids))
         .order_by(Device.id)
     ).all()
@@ -86,8 +89,10 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
             uuids[pid_], indices[pid_] = puuid, pindex
     states: dict[str, str] = {}
     out: list[tuple[tuple, dict[str, Any]]] = []
+    quarantined = {row[0]: {"reason": row[15], "since": row[16], "self_clearing": row[17]}
+                   for row in devices if row[15] is not None}
     for (dev_id, uuid, index, name, pci, mem, parent_id, mig_profile, is_open, last_seen, gi,
-         host_name, h_seen, h_interval, h_status) in devices:
+         host_name, h_seen, h_interval, h_status, *_quarantine) in devices:
         state = states.get(host_name)
         if state is None:
             state = states[host_name] = host_state(h_seen, h_interval, h_status, now)[0]
@@ -114,6 +119,7 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
             "parent_uuid": uuids.get(parent_id) if parent_id else None, "mig_profile": mig_profile,
             "is_open": is_open, "retired": False, "last_seen_at": last_seen, "telemetry": t, "processes": plist,
             "holder": holder, "next_reservation": nxt, "status": status,
+            "quarantine": quarantined.get(dev_id) or (quarantined.get(parent_id) if parent_id else None),
         }))
     out.sort(key=lambda x: x[0])
     return [d for _k, d in out]

@@ -11,11 +11,12 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.errors import NotFound
 from app.models import (
-    AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, User,
+    AuditLog, Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User,
 )
 from app.models.states import LIVE_FINDING_STATES, DeviceStatus, HostStatus
-from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, TelemetryRead
+from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, QuarantineRef, TelemetryRead
 from app.services.conflicts import holder_at, holdings
+from app.services.quarantined import open_by_device, quarantine_of
 
 STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
 CLOCK_TROUBLE_SHOWN = timedelta(days=1)  # an implausible collected_at stays on the host this long
@@ -102,6 +103,8 @@ class DeviceView:
     finding_pids: dict[int, str] = field(default_factory=dict)
     status: str = DeviceStatus.FREE
     uid_names: dict[int, str] = field(default_factory=dict)
+    # the open health quarantine keeping it from booking (its own, or its GPU's for a MIG instance)
+    quarantine: DeviceQuarantine | None = None
 
     def owner_label(self, p: DeviceProcess) -> str:
         """Who ``p`` is shown as (see :func:`owner_label`)."""
@@ -194,10 +197,12 @@ def device_views(
     for f in session.scalars(select(Finding).where(Finding.device_id.in_(ids), Finding.state.in_(LIVE_FINDING_STATES))):
         if f.pid is not None:
             open_findings[f.device_id][f.pid] = f.kind
+    quarantines = open_by_device(session, set(ids) | {d.parent_id for d in devices})
     out = []
     for d in devices:
         v = DeviceView(device=d, host=d.host, telemetry=tele.get(d.id), processes=procs.get(d.id, []),
-                       finding_pids=open_findings.get(d.id, {}), uid_names=uid_names)
+                       finding_pids=open_findings.get(d.id, {}), uid_names=uid_names,
+                       quarantine=quarantine_of(quarantines, d))
         found = held.get(d.id, [])
         current = holder_at(found, now)
         v.holder = current.reservation if current is not None else None
@@ -223,6 +228,8 @@ def to_device_read(v: DeviceView, parents: dict[int, Device]) -> DeviceRead:
         name=v.device.name, pci_bus_id=v.device.pci_bus_id,
         memory_total_mib=v.device.memory_total_mib, parent_uuid=parent.uuid if parent is not None else None,
         mig_profile=v.device.mig_profile, is_open=v.device.is_open, retired=v.device.retired_at is not None,
+        quarantine=QuarantineRef(reason=v.quarantine.reason, since=v.quarantine.started_at,
+                                 self_clearing=v.quarantine.self_clearing) if v.quarantine is not None else None,
         last_seen_at=v.device.last_seen_at,
         telemetry=TelemetryRead.model_validate(t, from_attributes=True) if t is not None else None,
         processes=[

@@ -28,15 +28,18 @@ _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuroster-hold
 
 def tell(session: Session, *, user: User, reservation_id: int | None, subject: str, text: str, settings: Settings,
          actor: str, boost_id: int | None = None) -> AuditLog:
-    """Record ``text`` for ``user`` about reservation ``reservation_id`` (or, with
-    ``reservation_id=None``, quota boost ``boost_id``; ``actor`` is ``user:<name>`` or
-    ``system``) and queue its e-mail for after the commit. Returns the audit row."""
+    """Record ``text`` for ``user`` about reservation ``reservation_id``, or with
+    ``reservation_id=None`` about quota boost ``boost_id``, or about no one reservation or
+    boost when both are ``None`` (an admin told of a quarantined device); ``actor`` is
+    ``user:<name>`` or ``system``. Queues its e-mail for after the commit; returns the audit
+    row."""
     mail = "queued" if settings.smtp_host and user.email else ("no address" if settings.smtp_host else "no SMTP")
-    about: dict = {"reservation": reservation_id} if reservation_id is not None else {"boost": boost_id}
+    about: dict = ({"reservation": reservation_id} if reservation_id is not None
+                   else {"boost": boost_id} if boost_id is not None else {"reservation": None})
     row = AuditLog(actor=actor, action="notice.reservation", target=f"user:{user.username}",
                    detail={**about, "subject": subject, "text": text, "email": mail})
     session.add(row)
-    page = "/me/reservations" if reservation_id is not None else "/reports/usage"
+    page = "/reports/usage" if reservation_id is None and boost_id is not None else "/me/reservations"
     if mail == "queued":
         _after_commit(session, settings, notices.Outgoing(0, "email", user.email or "", email_header(subject),
                                                           f"{text}\n\n{settings.base_url.rstrip('/')}{page}\n"))

@@ -7,7 +7,8 @@ Time is the service's: a host is "seen" when the service receives its snapshot. 
 the idempotency window (``snapshot_seq_retention_days``), is clock trouble: recorded on the
 host, and the snapshot is filed under its time of receipt, so one bad date never freezes a
 host (its later snapshots would all look older). Devices registered to another host are
-refused (:mod:`app.services.device_claims`).
+refused (:mod:`app.services.device_claims`). Devices in a critical health condition are
+quarantined (:mod:`app.services.quarantine`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from app.models import Host, HostSnapshot, UsageRollup, utcnow
 from app.services import device_claims
 from app.services import findings as findings_service
 from app.services import hosts as host_service
-from app.services import ingest_state, occupied
+from app.services import ingest_state, occupied, quarantine
 from app.services.ingest_ack import build_ack
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,9 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     ingest_state.update_host(session, host, host_values)
     if is_latest:
         occupied.record_warnings(session, host=host, snap=snap, devices=devices, now=now)  # type: ignore[arg-type]
+        # health quarantine: reads the database only when a device shows a critical condition
+        # or the host is already watched, writes only when the health state changes
+        quarantine.apply_snapshot(session, host=host, snap=snap, devices=devices, now=now, settings=settings)
     _rollup(session, snap, devices, at)
     findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
     return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now)

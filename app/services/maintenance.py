@@ -53,7 +53,8 @@ def create(session: Session, *, actor: User, host_name: str, refs: list[str | in
     if end <= start:
         raise InvalidInput(f"end: must be after start ({fmt_local(start, settings.tz)})", field="end")
     if refs:
-        host, devices = resolve_bookable_devices(session, host_name=host_name, refs=refs)
+        host, devices = resolve_bookable_devices(session, host_name=host_name, refs=refs, tz=settings.tz,
+                                                 allow_quarantined=True)
     else:
         host, _ = resolve_bookable_devices(session, host_name=host_name, refs=[])
         devices = list(session.scalars(select(Device).where(Device.host_id == host.id, Device.parent_id.is_(None),

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from app.models import (
     AuditLog,
     Device,
+    DeviceQuarantine,
     DeviceProcess,
     DeviceTelemetry,
     Finding,
@@ -211,6 +212,7 @@ class DatabaseCollector:
             if t.power_draw_w is not None:
                 power.add_metric(labels, t.power_draw_w)
         yield from (util, mem_used, mem_total, temp, power)
+        yield from self._quarantines(rows, hosts, parents, holders)
 
         proc_mem = TextGauge("gpuroster_process_memory_used_bytes",
                                      "device memory used by a process in its host's latest snapshot, bytes",
@@ -256,6 +258,33 @@ class DatabaseCollector:
         for (host, kind), n in sorted(open_by.items()):
             open_f.add_metric((host, kind), n)
         yield open_f
+
+    def _quarantines(self, rows: list, hosts: dict, parents: dict, holders: dict) -> Iterator[Metric]:
+        """Health state per device: ``gpuroster_device_quarantined`` 1/0 for the devices of up
+        hosts (and 1 for a quarantined device of a host that is not up), and one
+        ``gpuroster_device_health_condition`` series per condition of an open quarantine."""
+        found = {q.device_id: q for q in self.session.scalars(
+            select(DeviceQuarantine).where(DeviceQuarantine.cleared_at.is_(None)))}
+        gauge = TextGauge("gpuroster_device_quarantined", "1 when the device is quarantined for a health reason, else 0",
+                          DEVICE_LABELS)
+        cond = GaugeMetricFamily("gpuroster_device_health_condition", "1 per critical condition of a quarantined device",
+                                 labels=("host", "uuid", "kind"))
+        shown = set()
+        for d, _t in sorted(rows, key=lambda r: (hosts[r[0].host_id].name, r[0].uuid)):
+            shown.add(d.id)
+            labels = (hosts[d.host_id].name, device_index_label(d, parents), d.uuid, d.name or "", holders.get(d.id, ""))
+            gauge.add_metric(labels, 1.0 if d.id in found else 0.0)
+        others = [i for i in found if i not in shown]
+        if others:
+            for d in self.session.scalars(select(Device).where(Device.id.in_(others))):
+                gauge.add_metric((hosts[d.host_id].name, "" if d.index is None else str(d.index), d.uuid, d.name or "", ""),
+                                 1.0)
+        uuids = dict(self.session.execute(select(Device.id, Device.uuid).where(Device.id.in_(list(found)))).all()) if found else {}
+        for dev_id, q in sorted(found.items()):
+            for kind in sorted({c["kind"] for c in q.conditions}):
+                cond.add_metric((hosts[q.host_id].name, uuids[dev_id], kind), 1.0)
+        yield gauge
+        yield cond
 
 
 __all__ = ["CONFLICT_ACTION", "DatabaseCollector", "TextGauge", "device_index_label", "record_conflict"]

@@ -2,7 +2,7 @@
 
 A request names how many devices, for how long, from when (``asap`` = now), and optional
 constraints (host, GPU model substring, minimum total memory per device). Candidates are
-whole GPUs that are not retired, not reported lost, not open (open devices need no
+whole GPUs that are not retired, not reported lost, not quarantined, not open (open devices need no
 reservation) and not in MIG mode (MIG instances are booked by UUID); with the owner's
 ``allowed_hosts`` / ``allowed_models`` rules applied unless an admin overrides.
 
@@ -33,7 +33,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, InvalidInput
-from app.models import Device, DeviceProcess, DeviceTelemetry, Host, ReservationDevice, User
+from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Host, ReservationDevice, User
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import hosts as host_service
 from app.services import rules as rules_service
@@ -151,7 +151,10 @@ def candidates(session: Session, *, req: Request, after: datetime) -> list[Candi
         .join(Host, Host.id == Device.host_id)
         .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
         .where(Device.retired_at.is_(None), Device.parent_id.is_(None), Device.is_open.is_(False),
-               ~select(child.id).where(child.parent_id == Device.id).exists())
+               ~select(child.id).where(child.parent_id == Device.id).exists(),
+               # a quarantined device is never placed (app.services.quarantine)
+               ~select(DeviceQuarantine.id).where(DeviceQuarantine.device_id == Device.id,
+                                                  DeviceQuarantine.cleared_at.is_(None)).exists())
     )
     if req.host:
         q = q.where(Host.name == req.host)

@@ -135,7 +135,7 @@ def create_reservation(
     else:
         if not data.host:
             raise InvalidInput("host: required when 'devices' are given", field="host")
-        host, devices = resolve_bookable_devices(session, host_name=data.host, refs=data.devices or [])
+        host, devices = resolve_bookable_devices(session, host_name=data.host, refs=data.devices or [], tz=settings.tz)
 
     rules_service.validate_reservation(
         session,

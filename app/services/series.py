@@ -323,7 +323,7 @@ def create_series(
         raise InvalidInput(f"duration: at least {settings.min_reservation_seconds} s", field="duration")
     host = host_service.get_host(session, data.host)
     devices = conflict_service.resolve_devices(session, host=host, refs=data.devices)
-    conflict_service.check_health(session, devices)
+    conflict_service.check_health(session, devices, tz=settings.tz)
     kw = dict(actor=actor, owner=owner, host=host, devices=devices, data=data, settings=settings, now=now, tz=tz,
               start_time=start_time, weekdays=weekdays)
     if not data.dry_run:

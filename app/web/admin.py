@@ -29,6 +29,7 @@ from app.services import devices as device_service
 from app.services import groups as group_service
 from app.services import device_claims
 from app.services import hosts as host_service
+from app.services import quarantine as quarantine_service
 from app.services import users as user_service
 from app.web.deps import AdminFormViewer, AdminPageViewer, FormBody, Viewer, form_str
 from app.web.render import page
@@ -42,6 +43,7 @@ DONE = {
     "members-added": "Members added.", "member-removed": "Member removed.", "host-changed": "Host settings saved.",
     "device-changed": "Device changed.",
     "device-moved": "Device moved to its new host.",
+    "quarantine-cleared": "Quarantine cleared: the device is bookable again.",
     "password-set": "Password set; that user's browser sessions were ended.",
 }
 
@@ -63,7 +65,8 @@ def admin_context(session: Session, *, viewer: Viewer, **extra: Any) -> dict[str
         "viewer": viewer, "active": "admin", "users": users, "groups": group_service.list_groups(session),
         "hosts": device_service.list_hosts(session, now=now), "devices": devices, "parents": by_id,
         "labels": {d.id: device_service.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices},
-        "now": now, "conflicts": device_claims.list_conflicts(session), **extra,
+        "now": now, "conflicts": device_claims.list_conflicts(session),
+        "quarantines": quarantine_service.history(session, limit=50), **extra,
     }
 
 
@@ -250,3 +253,14 @@ def move_device(request: Request, viewer: AdminFormViewer, session: WriteSession
     except AppError as e:
         return _failed(request, session, viewer, e, "devices")
     return _done("device-moved", "devices")
+
+
+@router.post("/admin/devices/clear-quarantine")
+def clear_quarantine(request: Request, viewer: AdminFormViewer, session: WriteSessionDep, form: FormBody) -> Response:
+    """Lift a device's health quarantine once it is repaired (audited), as the API does."""
+    try:
+        quarantine_service.clear(session, actor=f"user:{viewer.user.username}", uuid=form_str(form, "uuid"),
+                                 note=form_str(form, "note") or None, now=utcnow())
+    except AppError as e:
+        return _failed(request, session, viewer, e, "quarantines")
+    return _done("quarantine-cleared", "quarantines")

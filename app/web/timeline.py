@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.api.deps import SessionDep, SettingsDep
 from app.errors import InvalidInput
-from app.models import Device, Host, utcnow
+from app.models import Device, DeviceQuarantine, Host, utcnow
 from app.services import conflicts as conflict_service
 from app.services.devices import device_label
+from app.services.quarantined import open_by_device, quarantine_of
 from app.web.deps import PageViewer
 from app.web.render import page
 from app.web.routing import page_router
@@ -86,6 +87,7 @@ class Row:
     bars: list[Bar] = field(default_factory=list)
     free: list[FreeSlot] = field(default_factory=list)
     lanes: int = 1
+    quarantine: DeviceQuarantine | None = None  # the open health quarantine keeping it from booking
 
 
 def stack(bars: list[Bar]) -> int:
@@ -253,10 +255,11 @@ def timeline_view(
         idx = (parent or d).index
         return (d.host.name, idx if idx is not None else 1 << 30, d.parent_id is not None, d.gpu_instance_id or 0, d.uuid)
 
+    quarantines = open_by_device(session, {d.id for d in devices} | {d.parent_id for d in devices})
     hosts: dict[str, list[Row]] = {}
     for d in sorted(devices, key=sort_key):
         label = device_label(d, by_id.get(d.parent_id) if d.parent_id else None)
-        row = Row(device=d, label=label, model=d.name or "unknown model")
+        row = Row(device=d, label=label, model=d.name or "unknown model", quarantine=quarantine_of(quarantines, d))
         seen: set[int] = set()
         for h in held.get(d.id, []):
             r = h.reservation

@@ -407,3 +407,18 @@ def test_run_waits_for_the_start_and_reuses_an_active_reservation(lab):
     # nothing to reuse and no --for: a usage error naming the option
     out = lab.cli("run", "-n", "2", "--host", "node-01", "--", "true")
     assert out.returncode == 2 and "--for" in out.stderr
+
+
+def test_status_names_a_quarantined_gpu_and_its_reason(lab, server):
+    from app.services import hosts as host_service
+
+    engine = build_engine(Settings(database_url=server.db_url))
+    token = run_in_transaction(build_session_factory(engine), lambda s: host_service.create_host(s, name="node-03")[1])
+    engine.dispose()
+    dev = gpu("GPU-6666dddd-0000-0000-0000-000000000006", 0, health_checks=[{"kind": "xid", "state": "bad", "value": 79}])
+    r = httpx.post(server.url + "/api/v1/agent/snapshots", headers={"Authorization": f"Bearer {token}"},
+                   json=snapshot_body("node-03", 1, [dev]))
+    assert r.status_code == 200, r.text
+    out = lab.cli("status", "--host", "node-03", token="bob")
+    assert out.returncode == 0, out.stderr
+    assert "[quarantined: XID 79 error]" in out.stdout

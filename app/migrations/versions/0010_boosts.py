@@ -3,7 +3,7 @@
 quota_boosts holds a member's request for a temporary raise of one limit and its decision;
 users.boost_until the latest end of a user's approved boosts; sharing_rules gains GPU-hours per calendar day, ISO week and month (lab time zone).
 
-Revision ID: 0013_boosts
+Revision ID: 0010_boosts
 Revises: 0009_approvals
 Create Date: 2026-12-01 05:20:00
 """
@@ -17,7 +17,7 @@ from alembic import op
 
 from app.models.base import UTCDateTime
 
-revision: str = "0013_boosts"
+revision: str = "0010_boosts"
 down_revision: str | None = "0009_approvals"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -1,0 +1,81 @@
+"""Telling people that a device was quarantined: the holders of its current and upcoming
+reservations (each offered an equivalent free device where one exists, named in the
+notice) and every active admin. Notices go through :mod:`app.services.holder_notices`
+(recorded in the audit log, e-mailed after the commit)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.models import Device, DeviceQuarantine, Host, Reservation, User
+from app.services import holder_notices
+from app.services.conflicts import holdings
+from app.services.placement import Request, candidates
+from app.timeutil import MAX_INSTANT, fmt_local
+
+
+def device_label(device: Device, host: Host) -> str:
+    """``GPU 1 (GPU-…) of host node-01``: how notices name a device."""
+    where = f"GPU {device.index}" if device.index is not None and device.parent_id is None else "MIG instance"
+    return f"{where} ({device.uuid}) of host {host.name}"
+
+
+def equivalent_free(session: Session, *, device: Device, start: datetime, end: datetime, now: datetime) -> Device | None:
+    """A whole GPU of the same model and memory as ``device``, not quarantined, not lost,
+    free for all of ``[start, end)``: on the same host if possible, else on another; idle
+    ones and low indices first. ``None`` when there is none."""
+    found = []
+    for c in candidates(session, req=Request(count=1), after=now):
+        d = c.device
+        if d.id == device.id or d.name != device.name or d.memory_total_mib != device.memory_total_mib:
+            continue
+        if c.free(start, end):
+            found.append((c.host.id != device.host_id, c.busy_rank, c.host.name, c.sort_index, d))
+    found.sort(key=lambda t: t[:4])
+    return found[0][4] if found else None
+
+
+def tell_opened(session: Session, *, host: Host, device: Device, quarantine: DeviceQuarantine, now: datetime,
+                settings: Settings) -> list[int]:
+    """Tell the holders of ``device``'s current and upcoming reservations, and the admins,
+    that it is quarantined. Returns the ids of the reservations whose holders were told."""
+    tz = settings.tz
+    label = device_label(device, host)
+    seen: dict[int, Reservation] = {}
+    for h in holdings(session, devices=[device], start=now, end=MAX_INSTANT).get(device.id, []):
+        seen.setdefault(h.reservation.id, h.reservation)
+    told: list[str] = []
+    for r in sorted(seen.values(), key=lambda r: (r.start_at, r.id)):
+        if r.kind == "maintenance":
+            continue
+        start = max(r.start_at, now)
+        other = equivalent_free(session, device=device, start=start, end=r.end_at, now=now)
+        if other is not None:
+            other_host = session.get(Host, other.host_id)
+            offer = (f"An equivalent device is free for that time: {device_label(other, other_host)}. "
+                     f"Book it and release this reservation to move.")
+        else:
+            offer = "No equivalent device is free for that time; the admins have been told."
+        text = (f"{label} was quarantined at {fmt_local(quarantine.started_at, tz)}: {quarantine.reason}. "
+                f"Your reservation {r.id} ({fmt_local(r.start_at, tz)} – {fmt_local(r.end_at, tz)}) uses it. {offer}")
+        holder_notices.tell(session, user=r.user, reservation_id=r.id,
+                            subject=f"[gpuroster] device of reservation {r.id} quarantined", text=text,
+                            settings=settings, actor=f"host:{host.name}")
+        told.append(f"{r.user.username} (reservation {r.id})")
+    admins = session.scalars(select(User).where(User.role == "admin", User.active.is_(True)).order_by(User.id))
+    holders = ", ".join(told) if told else "no current or upcoming reservation"
+    for admin in admins:
+        holder_notices.tell(
+            session, user=admin, reservation_id=None, subject=f"[gpuroster] {device.uuid} quarantined",
+            text=(f"{label} was quarantined at {fmt_local(quarantine.started_at, tz)}: {quarantine.reason}. "
+                  f"Told: {holders}. Clear it on the admin page or with "
+                  f"'gpuroster admin clear-quarantine {device.uuid}' once the device is repaired."),
+            settings=settings, actor=f"host:{host.name}")
+    return sorted(seen)
+
+
+__all__ = ["device_label", "equivalent_free", "tell_opened"]
