@@ -36,6 +36,9 @@ MATRIX = [
     ("PATCH", "/api/v1/devices/{uuid}", _row(401, 403, 403, 200, 403, 403)),
     ("POST", "/api/v1/devices/{uuid}/move", _row(401, 403, 403, 200, 403, 403)),
     ("GET", "/api/v1/device-conflicts", _row(401, 403, 403, 200, 403, 403)),
+    ("GET", "/api/v1/quarantines", _row(401, 200, 200, 200, 403, 403)),
+    # the device is healthy: members may not clear (403), an admin finds nothing to clear (409)
+    ("POST", "/api/v1/devices/{uuid}/clear-quarantine", _row(401, 403, 403, 409, 403, 403)),
     ("GET", "/api/v1/reservations", _row(401, 200, 200, 200, 403, 403)),
     ("POST", "/api/v1/reservations", _row(401, 201, 201, 201, 403, 403)),
     ("GET", "/api/v1/reservations/{reservation_id}", _row(401, 200, 200, 200, 403, 403)),
@@ -117,6 +120,8 @@ def test_authorization_matrix(client, lab, make_host, make_user):
             return {"grace_seconds": 30}
         if path.endswith("/move"):
             return {"host": "node-01"}
+        if path.endswith("/clear-quarantine"):
+            return {"note": "matrix"}
         if path.startswith("/api/v1/devices/"):
             return {"is_open": False}
         if path == "/api/v1/reservations" and method == "POST":
