@@ -3,7 +3,8 @@
 The budgets are today's counts. A named booking: auth, host + devices + health (one
 statement), the rules that apply (one), the conflict check (one), then the inserts; on
 PostgreSQL the inserts sit inside a savepoint (the exclusion constraint's violation becomes
-a 409) and the quota lock is taken only when a counted limit applies.
+a 409), preceded by the per-GPU write lock (one statement for all devices), and the quota
+lock is taken only when a counted limit applies.
 """
 
 from __future__ import annotations
@@ -13,9 +14,18 @@ from sqlalchemy import event
 from tests.conftest import book, future, gpu, snapshot_body
 
 # (SQLite, PostgreSQL): statements of one request, BEGIN/SAVEPOINT included.
-NAMED_BUDGET = {"sqlite": 8, "postgresql": 9}
-NAMED_WITH_QUOTA_BUDGET = {"sqlite": 9, "postgresql": 11}  # + owner's reservations (+ quota lock)
-PLACEMENT_BUDGET = {"sqlite": 11, "postgresql": 11}  # count=2: two rows on SQLite
+NAMED_BUDGET = {"sqlite": 8, "postgresql": 10}
+NAMED_WITH_QUOTA_BUDGET = {"sqlite": 9, "postgresql": 12}  # + owner's reservations (+ quota lock)
+PLACEMENT_BUDGET = {"sqlite": 11, "postgresql": 12}  # count=2: two rows on SQLite
+
+
+def _quota_locks(seen: list[str]) -> int:
+    """The quota lock's statements (the per-GPU write lock is the two-key form)."""
+    return sum("pg_advisory_xact_lock" in s and "cls" not in s for s in seen)
+
+
+def _gpu_locks(seen: list[str]) -> int:
+    return sum("pg_advisory_xact_lock" in s and "cls" in s for s in seen)
 
 
 def _statements(engine, fn) -> tuple[object, list[str]]:
@@ -51,7 +61,7 @@ def test_named_booking_with_a_quota_counts_once_and_locks_once(app, client, lab)
     r, seen = _statements(app.state.engine, lambda: book(client, lab.alice, [lab.devices[1]], future(2)))
     assert r.status_code == 201, r.text
     assert len(seen) <= NAMED_WITH_QUOTA_BUDGET[dialect], "\n".join(seen)
-    assert sum("pg_advisory_xact_lock" in s for s in seen) == (1 if dialect == "postgresql" else 0)
+    assert _quota_locks(seen) == _gpu_locks(seen) == (1 if dialect == "postgresql" else 0)
     # the quota still holds: 3 devices at once is the limit
     assert book(client, lab.alice, [lab.devices[2], lab.devices[3]], future(2)).status_code == 201
     assert book(client, lab.alice, [lab.devices[0]], future(2)).status_code == 403
@@ -62,7 +72,7 @@ def test_no_quota_lock_without_a_counted_limit(app, client, lab):
     assert r.status_code == 201, r.text
     r, seen = _statements(app.state.engine, lambda: book(client, lab.alice, [lab.devices[1]], future(2)))
     assert r.status_code == 201, r.text
-    assert not any("pg_advisory_xact_lock" in s for s in seen)
+    assert _quota_locks(seen) == 0
     assert book(client, lab.alice, [lab.devices[2]], future(2), duration="P2D").status_code == 403
 
 
