@@ -8,10 +8,12 @@ from app.models.host import Device, DeviceConflict, DeviceProcess, DeviceTelemet
 from app.models.reservation import Reservation, ReservationDevice, ReservationSeries, ReservationShare
 from app.models.rule import SharingRule
 from app.models.user import ApiToken, Group, GroupMember, LoginAttempt, User, WebSession
+from app.models.waitlist import WaitlistEntry, WaitlistStatus
 
 __all__ = [
     "Base", "UTCDateTime", "utcnow", "AuditLog", "Finding", "Notice", "Device", "DeviceConflict", "DeviceProcess",
     "DeviceTelemetry", "Host", "HostSnapshot", "UsageRollup", "Reservation", "ReservationDevice",
     "ReservationSeries", "ReservationShare", "SharingRule", "ApiToken", "Group", "GroupMember",
     "LoginAttempt", "User", "WebSession", "IdempotencyKey", "NOTICE_KINDS", "NoticePreference", "NotifyTarget",
+    "WaitlistEntry", "WaitlistStatus",
 ]

@@ -26,11 +26,12 @@ _KEY = "gpuroster.holder_mail"
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuroster-holder-mail")
 
 
-def tell(session: Session, *, user: User, reservation_id: int, subject: str, text: str, settings: Settings,
+def tell(session: Session, *, user: User, reservation_id: int | None, subject: str, text: str, settings: Settings,
          actor: str) -> AuditLog:
     """Record ``text`` for ``user`` about reservation ``reservation_id`` (``actor`` is
-    ``user:<name>`` or ``system``) and queue its e-mail for after the commit. Returns the
-    audit row."""
+    ``user:<name>`` or ``system``) and queue its e-mail for after the commit; ``reservation_id``
+    is None for a notice about no reservation (a free slot a waitlist entry waited for).
+    Returns the audit row."""
     mail = "queued" if settings.smtp_host and user.email else ("no address" if settings.smtp_host else "no SMTP")
     row = AuditLog(actor=actor, action="notice.reservation", target=f"user:{user.username}",
                    detail={"reservation": reservation_id, "subject": subject, "text": text, "email": mail})
