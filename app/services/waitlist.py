@@ -26,8 +26,9 @@ from app.config import Settings
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.models import AuditLog, User, WaitlistEntry, utcnow
 from app.models.states import WaitlistStatus
+from app.schemas.reservation import PlacementConstraints
 from app.schemas.waitlist import WaitlistRead
-from app.services import hosts as host_service
+from app.services import placement
 from app.services.intervals import PAST_SLACK
 from app.timeutil import fmt_duration, fmt_local, parse_instant
 
@@ -67,10 +68,11 @@ def parse_window(*, start: str | None, end: str | None, within: timedelta | None
     return begin, parse_instant(end, tz=tz, field="end", now=now, fold=fold)
 
 
-def validate(session: Session, req: WaitRequest, *, now: datetime, settings: Settings) -> None:
+def validate(session: Session, req: WaitRequest, *, owner: User, now: datetime, settings: Settings) -> None:
     """Refuse what can never be served: a past start, an end not after the start, a window
     shorter than the length (or over :data:`MAX_WINDOW`), a length under the minimum
-    reservation, an unknown host. Raises InvalidInput (422) / NotFound naming the field."""
+    reservation, an unknown host, constraints no host meets for ``owner``. Raises
+    InvalidInput (422) / NotFound naming the field."""
     tz = settings.tz
     if req.start < now - PAST_SLACK:
         raise InvalidInput(f"start: {fmt_local(req.start, tz)} is in the past", field="start")
@@ -85,8 +87,14 @@ def validate(session: Session, req: WaitRequest, *, now: datetime, settings: Set
     if max(req.start, now) + req.length > req.end:
         raise InvalidInput(f"within: the window {fmt_local(req.start, tz)} – {fmt_local(req.end, tz)} is shorter "
                            f"than the {fmt_duration(req.length.total_seconds())} wanted", field="within")
-    if req.host:
-        host_service.get_host(session, req.host)
+    # constraints no host can ever meet (too many devices, unknown model or host, hosts the
+    # owner's rules exclude) are refused now rather than waiting forever
+    wanted = placement.request_for(session, count=req.count, host=req.host, owner=owner, override=False,
+                                   constraints=PlacementConstraints(model=req.model, min_memory_mib=req.min_memory_mib))
+    try:
+        placement.earliest_slot(session, req=wanted, after=max(req.start, now), length=req.length, now=now)
+    except Conflict:  # every match is held open-ended today: that may end, so it may wait
+        pass
 
 
 def create_entry(session: Session, *, actor: User, req: WaitRequest, settings: Settings,
@@ -96,7 +104,7 @@ def create_entry(session: Session, *, actor: User, req: WaitRequest, settings: S
     now = now or utcnow()
     if not actor.active:
         raise Forbidden("user: a deactivated account cannot wait for devices", field="user")
-    validate(session, req, now=now, settings=settings)
+    validate(session, req, owner=actor, now=now, settings=settings)
     e = WaitlistEntry(user=actor, count=req.count, seconds=int(req.length.total_seconds()),
                       window_start=max(req.start, now), window_end=req.end, host=req.host or None,
                       model=req.model or None, min_memory_mib=req.min_memory_mib, book=req.book, note=req.note,
