@@ -243,3 +243,20 @@ def test_the_same_idempotency_key_makes_one_entry(client, lab):
     two = client.post("/api/v1/waitlist", json=body, headers=headers)
     assert one.status_code == two.status_code == 201 and one.json()["id"] == two.json()["id"]
     assert len(client.get("/api/v1/waitlist", headers=lab.alice.headers).json()) == 1
+
+
+def test_cancelling_a_series_serves_the_waitlist(client, lab):
+    day = (datetime.now(UTC) + timedelta(days=3)).date()
+    body = {"host": "node-01", "devices": [0], "freq": "daily", "start_date": day.isoformat(), "start_time": "10:00",
+            "duration": "PT2H", "tz": "UTC", "count": 2}
+    series = client.post("/api/v1/series", json=body, headers=lab.bob.headers)
+    assert series.status_code == 201, series.text
+    first = datetime.fromisoformat(series.json()["occurrences"][0]["start"])
+    assert book(client, lab.admin, [1, 2, 3], first, duration="PT2H").status_code == 201
+    e = _entry(client, lab.alice, first, first + timedelta(hours=2), duration="PT2H", book=True).json()
+    assert e["state"] == "waiting"
+    assert client.delete(f"/api/v1/series/{series.json()['id']}", headers=lab.bob.headers).status_code == 200
+    got = _get(client, lab.alice, e["id"])
+    assert got["state"] == "booked"
+    r = client.get(f"/api/v1/reservations/{got['reservation_id']}", headers=lab.alice.headers).json()
+    assert datetime.fromisoformat(r["start"]) == first and [d["index"] for d in r["devices"]] == [0]
