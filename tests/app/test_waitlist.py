@@ -102,6 +102,17 @@ def test_notify_only_tells_with_a_link_and_books_nothing(client, lab, session_fa
     assert listed["total"] == 0
 
 
+def test_no_notice_when_the_waitlist_kind_is_turned_off(client, lab, session_factory):
+    assert client.put("/api/v1/me/notice-preferences", json={"waitlist": False},
+                      headers=lab.alice.headers).status_code == 200
+    s = future(5)
+    bobs = _full(client, lab, s)
+    e = _entry(client, lab.alice, s, s + timedelta(hours=3)).json()
+    assert client.delete(f"/api/v1/reservations/{bobs}", headers=lab.bob.headers).status_code == 200
+    assert _get(client, lab.alice, e["id"])["state"] == "notified"
+    assert _told(session_factory, "alice") == []
+
+
 def test_free_at_once_is_booked_when_the_entry_is_made(client, lab):
     s = future(3)
     e = _entry(client, lab.alice, s, within="PT2H", count=2, book=True, note="sweep")
