@@ -63,7 +63,12 @@ def parse_window(*, start: str | None, end: str | None, within: timedelta | None
     if within is not None:
         if within <= timedelta(0):
             raise InvalidInput("within: must be positive", field="within")
-        return begin, begin + within
+        if within > MAX_WINDOW:
+            raise InvalidInput(f"within: a waitlist entry waits at most {MAX_WINDOW.days} days", field="within")
+        try:
+            return begin, begin + within
+        except OverflowError:
+            raise InvalidInput("start: too far in the future", field="start") from None
     assert end is not None
     return begin, parse_instant(end, tz=tz, field="end", now=now, fold=fold)
 
@@ -74,6 +79,10 @@ def validate(session: Session, req: WaitRequest, *, owner: User, now: datetime, 
     reservation, an unknown host, constraints no host meets for ``owner``. Raises
     InvalidInput (422) / NotFound naming the field."""
     tz = settings.tz
+    if req.length <= timedelta(0):
+        raise InvalidInput("duration: must be positive", field="duration")
+    if req.length > MAX_WINDOW:
+        raise InvalidInput(f"duration: at most the longest window, {MAX_WINDOW.days} days", field="duration")
     if req.start < now - PAST_SLACK:
         raise InvalidInput(f"start: {fmt_local(req.start, tz)} is in the past", field="start")
     if req.end <= req.start:
@@ -84,6 +93,8 @@ def validate(session: Session, req: WaitRequest, *, owner: User, now: datetime, 
     if req.length.total_seconds() < settings.min_reservation_seconds:
         raise InvalidInput(f"duration: a reservation lasts at least {settings.min_reservation_seconds} s",
                            field="duration")
+    if req.start > now + MAX_WINDOW:
+        raise InvalidInput(f"start: at most {MAX_WINDOW.days} days ahead", field="start")
     if max(req.start, now) + req.length > req.end:
         raise InvalidInput(f"within: the window {fmt_local(req.start, tz)} – {fmt_local(req.end, tz)} is shorter "
                            f"than the {fmt_duration(req.length.total_seconds())} wanted", field="within")

@@ -61,8 +61,11 @@ def request_from_form(form: FormData, *, settings: Settings, now: datetime) -> w
         start = max(parse_instant(text, tz=settings.timezone, field="start", now=now), now)
     host = form_str(form, "host") or None
     note = form_str(form, "note")[:1024] or None
+    within = _hours(form, "within", "24")
+    if start > now + waitlist_service.MAX_WINDOW:
+        raise InvalidInput(f"start: at most {waitlist_service.MAX_WINDOW.days} days ahead", field="start")
     return waitlist_service.WaitRequest(count=count, length=_hours(form, "length", "1"), start=start,
-                                        end=start + _hours(form, "within", "24"), book=form_str(form, "book") == "1",
+                                        end=start + within, book=form_str(form, "book") == "1",
                                         host=host if host and len(host) <= 128 else None, note=note)
 
 

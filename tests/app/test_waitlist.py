@@ -235,6 +235,10 @@ def test_bad_input_is_a_4xx_naming_the_field(client, lab):
         (dict(start=s, within="P400D"), 422, "within"),
         (dict(start="tomorrow", within="P1D"), 422, "start"),
         (dict(start=s, within="P1D", duration="PT10S"), 422, "duration"),
+        (dict(start=s, within="-PT1H"), 422, "within"),
+        (dict(start=s, within="P999999999D"), 422, "within"),  # past the largest instant: named, never a 500
+        (dict(start=s, within="P1D", duration="P999999999D"), 422, "duration"),
+        (dict(start="9999-12-31T23:00:00Z", within="P1D"), 422, "start"),
     ]
     for extra, status, field in cases:
         r = _entry(client, lab.alice, **extra)

@@ -57,6 +57,9 @@ def test_leave_the_waitlist_and_refusals_name_the_problem(weblab, session_factor
     assert bad.status_code == 422 and "within: &#39;soon&#39; is not a number of hours" in bad.text
     short = weblab.alice.post("/me/waitlist", {**fields, "within": "1", "idempotency_key": "s" * 32})
     assert short.status_code == 422 and "shorter than the 2h wanted" in short.text
+    far = weblab.alice.post("/me/waitlist", {**fields, "when": "at", "start": "9999-12-31T23:00", "within": "24",
+                                             "idempotency_key": "f" * 32})
+    assert far.status_code == 422 and "start: at most 366 days ahead" in far.text
     assert count(session_factory, WaitlistEntry) == 0
     assert weblab.alice.post("/me/waitlist", {**fields, "within": "5", "book": "0"}).status_code == 303
     with session_factory() as s:
