@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
@@ -133,6 +134,7 @@ def serve(session: Session, *, settings: Settings, now: datetime, only: list[int
     """Try every waiting entry (or those of ``only``), oldest first; book or tell those that
     fit now, store ``expired`` for those that never can. Returns the entries booked or told."""
     done: list[WaitlistEntry] = []
+    loaded = _Loaded()
     for e in _waiting(session, only):
         length = timedelta(seconds=e.seconds)
         if max(now, e.window_start) + length > e.window_end:
@@ -140,11 +142,12 @@ def serve(session: Session, *, settings: Settings, now: datetime, only: list[int
             continue
         if not e.user.active:  # a deactivated owner is neither booked for nor told; re-activation resumes it
             continue
-        slot = _free_slot(session, e, now=now)
+        slot = _free_slot(session, e, now=now, loaded=loaded)
         if slot is None:
             continue
         if e.book:
             if _book(session, e, slot, settings=settings, now=now):
+                loaded.candidates.clear()  # the booking changed who holds what
                 done.append(e)
         else:
             _notify(session, e, slot, settings=settings, now=now)
@@ -153,16 +156,36 @@ def serve(session: Session, *, settings: Settings, now: datetime, only: list[int
     return done
 
 
-def _free_slot(session: Session, e: WaitlistEntry, *, now: datetime) -> placement.Slot | None:
+@dataclass
+class _Loaded:
+    """What one serving round loads once: each owner's placement request (their rules) per
+    constraints, and the matching devices with their busy intervals per request (dropped
+    after a booking)."""
+
+    requests: dict[tuple, placement.Request] = field(default_factory=dict)
+    candidates: dict[tuple, list[placement.Candidate]] = field(default_factory=dict)
+
+
+def _free_slot(session: Session, e: WaitlistEntry, *, now: datetime, loaded: _Loaded) -> placement.Slot | None:
     """The earliest slot for the entry inside its window, or None."""
     try:
-        req = placement.request_for(session, count=e.count, host=e.host, constraints=_constraints(e), owner=e.user,
-                                    override=False)
-        slot = placement.earliest_slot(session, req=req, after=max(now, e.window_start),
-                                       length=timedelta(seconds=e.seconds), now=now)
+        key = (e.user_id, e.host, e.model, e.min_memory_mib)
+        if key not in loaded.requests:
+            loaded.requests[key] = placement.request_for(session, count=1, host=e.host, constraints=_constraints(e),
+                                                         owner=e.user, override=False)
+        req = replace(loaded.requests[key], count=e.count)
+        same = (req.host, req.model, req.min_memory_mib, _frozen(req.allowed_hosts), _frozen(req.allowed_models))
+        if same not in loaded.candidates:
+            loaded.candidates[same] = placement.candidates(session, req=req, after=now)
+        slot = placement.earliest_among(loaded.candidates[same], req=req, after=max(now, e.window_start),
+                                        length=timedelta(seconds=e.seconds), now=now)
     except AppError:  # nothing matches (any more), or held open-ended: keep waiting
         return None
     return slot if slot.end <= e.window_end else None
+
+
+def _frozen(values) -> tuple | None:
+    return None if values is None else tuple(values)
 
 
 def _constraints(e: WaitlistEntry) -> PlacementConstraints:
