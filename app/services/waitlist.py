@@ -10,8 +10,8 @@ makes, lists and cancels entries and says what state each is in.
 States (:class:`app.models.states.WaitlistStatus`): ``waiting`` until served; ``booked``
 (a reservation was made through the normal booking path, ``reservation_id``); ``notified``
 (the owner was told the slot is free); ``cancelled`` by its owner or an admin; ``expired``
-once its window ends (shown as expired from then on, stored as such when the service
-next meets it). Rows are never deleted, so the owner sees what became of each.
+once its window ends (shown as expired from then on, stored as such by the minutely sweep
+of :func:`app.services.waitlist_serving.expire_ended`). Rows are never deleted, so the owner sees what became of each.
 """
 
 from __future__ import annotations

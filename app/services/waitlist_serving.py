@@ -29,7 +29,8 @@ Notify-only
     Telling holds nothing: an auto-book entry behind it may still book the same devices.
 
 Expiry
-    An entry whose window can no longer hold its length is stored ``expired`` when met.
+    An entry whose window can no longer hold its length is stored ``expired`` when met,
+    and one whose window has ended by the app's sweep (:func:`expire_ended`, every minute).
 """
 
 from __future__ import annotations
@@ -96,19 +97,64 @@ def _before_commit(session: Session) -> None:
         log.info("waitlist: served entries %s after reservations %s freed devices", [e.id for e in served], freed)
 
 
+EXPIRE_PERIOD_S = 60.0  # how often entries whose window ended are stored as expired
+
+
+def expire_ended(session: Session, *, now: datetime, settings: Settings) -> int:
+    """Store ``expired`` for waiting entries whose window has ended (each under its row
+    lock, audited); returns how many."""
+    ids = list(session.scalars(select(WaitlistEntry.id).where(WaitlistEntry.status == WaitlistStatus.WAITING,
+                                                              WaitlistEntry.window_end <= now)))
+    lock_entries(session, ids)
+    ended = list(session.scalars(select(WaitlistEntry).where(WaitlistEntry.id.in_(ids),
+                                                             WaitlistEntry.status == WaitlistStatus.WAITING)
+                                 .execution_options(populate_existing=True))) if ids else []
+    for e in ended:
+        _expire(session, e, now=now, settings=settings)
+    session.flush()
+    return len(ended)
+
+
 def install(app) -> None:
-    """Subscribe :func:`on_slot_freed` and bind the app's settings to its engine once the
-    lifespan has built it."""
+    """Subscribe :func:`on_slot_freed`, bind the app's settings to its engine once the
+    lifespan has built it, and store the expiry of ended entries every
+    :data:`EXPIRE_PERIOD_S` seconds while the app runs."""
+    import asyncio
+    import contextlib
     from contextlib import asynccontextmanager
+
+    from starlette.concurrency import run_in_threadpool
+
+    from app.db import run_in_transaction
 
     slot_freed.subscribe(on_slot_freed)
     inner = app.router.lifespan_context
+
+    def expire_once() -> int:
+        return run_in_transaction(app.state.session_factory,
+                                  lambda s: expire_ended(s, now=utcnow(), settings=app.state.settings))
+
+    async def loop() -> None:
+        while True:
+            try:
+                n = await run_in_threadpool(expire_once)
+                if n:
+                    log.info("%d waitlist entr(y/ies) expired with their window", n)
+            except Exception:  # noqa: BLE001 - retried next period; serving expires what it meets too
+                log.exception("expiring waitlist entries failed; retrying in %.0f s", EXPIRE_PERIOD_S)
+            await asyncio.sleep(EXPIRE_PERIOD_S)
 
     @asynccontextmanager
     async def lifespan(a):
         async with inner(a) as state:
             bind_settings(a.state.engine, a.state.settings)
-            yield state
+            task = asyncio.create_task(loop(), name="gpuroster-expire-waitlist")
+            try:
+                yield state
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     app.router.lifespan_context = lifespan
 
@@ -274,4 +320,4 @@ def _expire(session: Session, e: WaitlistEntry, *, now: datetime, settings: Sett
                          detail={"window_end": e.window_end.isoformat()}))
 
 
-__all__ = ["bind_settings", "book_link", "install", "on_slot_freed", "serve"]
+__all__ = ["bind_settings", "book_link", "expire_ended", "install", "on_slot_freed", "serve", "wants_notices"]
