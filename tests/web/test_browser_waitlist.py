@@ -1,6 +1,6 @@
-"""Browser (headless Chromium, both databases): the Book page's conflict offers "Wait for
-it"; the entry shows under "My waitlist" with its place in line, and is booked by itself
-when the holder cancels; the section fits a phone's width."""
+"""Browser (headless Chromium, both databases, phone width after the first page): the Book
+page's conflict offers "Wait for it"; the entry shows under "My waitlist" with its place
+in line, and is booked by itself when the holder cancels."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def test_wait_for_a_taken_slot_then_booked_after_a_cancel(page, live):  # noqa: 
     offer = page.locator("#wait-offer")
     offer.wait_for()
     assert "1 device(s) of node-01 for 2 h" in offer.inner_text()
+    page.set_viewport_size(PHONE)  # the offer fits a phone too
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"] and offer.is_visible()
     page.fill("#wait-within", "2")  # only the freed stretch itself will do
     offer.get_by_role("button", name="Wait for it").click()
     page.wait_for_url(re.compile(r".*/me/reservations\?done=waiting#waitlist$"))
@@ -40,7 +42,6 @@ def test_wait_for_a_taken_slot_then_booked_after_a_cancel(page, live):  # noqa: 
     assert "#1 in line" in section.inner_text() and "book for me" in section.inner_text()
 
     assert httpx.delete(f"{live.url}/api/v1/reservations/{held.json()['id']}", headers=bob).status_code == 200
-    page.set_viewport_size(PHONE)
     page.reload()
     booked = section.get_by_role("link", name=re.compile(r"reservation #\d+"))
     booked.wait_for()
