@@ -77,11 +77,14 @@ def on_slot_freed(session: Session, reservation: Reservation) -> None:
         return
     session.info[_HOOKED] = True
     event.listen(session, "before_commit", _before_commit)
-    event.listen(session, "after_rollback", _forget)
+    event.listen(session, "after_transaction_end", _forget)
 
 
-def _forget(session: Session) -> None:
-    session.info.pop(_FREED, None)
+def _forget(session: Session, transaction) -> None:
+    # only when the outermost transaction ends: a savepoint rolled back inside it (a refused
+    # booking attempt) does not undo the change that freed the slot
+    if transaction.parent is None:
+        session.info.pop(_FREED, None)
 
 
 def _before_commit(session: Session) -> None:

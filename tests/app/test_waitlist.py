@@ -292,3 +292,21 @@ def test_cancelling_a_series_serves_the_waitlist(client, lab):
     assert got["state"] == "booked"
     r = client.get(f"/api/v1/reservations/{got['reservation_id']}", headers=lab.alice.headers).json()
     assert datetime.fromisoformat(r["start"]) == first and [d["index"] for d in r["devices"]] == [0]
+
+
+def test_a_savepoint_rolled_back_after_the_freeing_change_still_serves(client, lab, session_factory):
+    from app.db import lock_for_write
+    from app.models import User
+    from app.services import reservations as reservation_service
+
+    s = future(5)
+    bobs = _full(client, lab, s)
+    e = _entry(client, lab.alice, s, s + timedelta(hours=3), book=True).json()
+    with session_factory() as db:
+        lock_for_write(db)
+        bob = db.scalar(select(User).where(User.username == "bob"))
+        reservation_service.end_reservation(db, actor=bob, reservation_id=bobs, tz=client.app.state.settings.tz)
+        nested = db.begin_nested()  # some later step of the same change tries something and gives up
+        nested.rollback()
+        db.commit()
+    assert _get(client, lab.alice, e["id"])["state"] == "booked"
