@@ -1,7 +1,8 @@
 """Waitlist over the API (both databases): entries are served first come, first served when
 a reservation frees devices; auto-book goes through the rules (a refusal leaves the entry
 waiting and the next one gets the slot); notify-only tells with a link; entries expire with
-their window; owners list and cancel their own; bad input is a 4xx naming the field."""
+their window; owners list and cancel their own; bad input is a 4xx naming the field;
+four cancels at once serve one entry once (on PostgreSQL, in parallel)."""
 
 from __future__ import annotations
 
@@ -310,3 +311,27 @@ def test_a_savepoint_rolled_back_after_the_freeing_change_still_serves(client, l
         nested.rollback()
         db.commit()
     assert _get(client, lab.alice, e["id"])["state"] == "booked"
+
+
+def test_freed_at_once_by_four_cancels_the_entry_is_served_once(client, lab):
+    import threading
+
+    s = future(5)
+    held = [book(client, lab.bob, [i], s, duration="PT4H").json()["id"] for i in range(4)]
+    e = _entry(client, lab.alice, s, s + timedelta(hours=3), book=True).json()
+    gate = threading.Barrier(len(held))
+    codes: list[int] = []
+
+    def cancel(rid: int) -> None:
+        gate.wait()
+        codes.append(client.delete(f"/api/v1/reservations/{rid}", headers=lab.bob.headers).status_code)
+
+    threads = [threading.Thread(target=cancel, args=(rid,)) for rid in held]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert codes == [200] * len(held)
+    assert _get(client, lab.alice, e["id"])["state"] == "booked"
+    mine = client.get("/api/v1/reservations", params={"user": "alice"}, headers=lab.alice.headers).json()
+    assert mine["total"] == 1  # one entry, one booking, however many slots were freed at once
