@@ -72,3 +72,13 @@ def test_leave_the_waitlist_and_refusals_name_the_problem(weblab, session_factor
     assert "Waitlist entry cancelled." in page and "st-cancelled" in page
     twice = weblab.alice.post(f"/me/waitlist/{eid}/cancel")
     assert twice.status_code == 409 and "only a waiting entry can be cancelled" in twice.text
+
+
+def test_free_already_tells_at_once_with_a_book_now_link(weblab):
+    key = re.search(r'name="idempotency_key" value="([^"]+)"', weblab.alice.get("/book").text).group(1)
+    r = weblab.alice.post("/me/waitlist", {"count": "2", "host": "node-01", "when": "now", "length": "1.5",
+                                           "within": "3", "book": "0", "idempotency_key": key})
+    assert r.status_code == 303 and r.headers["location"] == "/me/reservations?done=wait-notified#waitlist"
+    page = weblab.alice.get("/me/reservations?done=wait-notified").text
+    assert "book them from your waitlist below" in page and "st-notified" in page and "nothing is held for you" in page
+    assert 'href="/book?mode=count&amp;count=2&amp;host=node-01&amp;length=1.5"' in page
