@@ -306,6 +306,25 @@ def usage(
 # ---------------------------------------------------------------------------- registration
 
 
+def _unless_subcommand(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A group callback that runs ``fn`` only when no subcommand follows (``gpuroster waitlist``
+    lists; ``gpuroster waitlist cancel 7`` cancels)."""
+    import functools
+    import inspect
+
+    @functools.wraps(fn)
+    def callback(typer_ctx: typer.Context, *args: Any, **kwargs: Any) -> Any:
+        if typer_ctx.invoked_subcommand is None:
+            return fn(*args, **kwargs)
+        return None
+
+    sig = inspect.signature(fn)
+    callback.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]
+        inspect.Parameter("typer_ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+        *sig.parameters.values()])
+    return callback
+
+
 def register(cli: typer.Typer) -> None:
     """Add the lab members' commands to the ``gpuroster`` typer app."""
     def add(fn: Callable[..., Any], name: str, **kw: Any) -> None:
@@ -328,6 +347,14 @@ def register(cli: typer.Typer) -> None:
     add(approval_commands.approve, "approve")
     add(approval_commands.deny, "deny")
     add(approval_commands.maintenance, "maintenance")
+    from app.client import waitlist as waitlist_commands
+
+    add(waitlist_commands.wait, "wait")
+    group = typer.Typer(help=waitlist_commands.GROUP_HELP)
+    group.callback(invoke_without_command=True, epilog=EXIT_CODES)(
+        _unless_subcommand(command(waitlist_commands.list_entries)))
+    group.command("cancel", epilog=EXIT_CODES)(command(waitlist_commands.cancel))
+    cli.add_typer(group, name="waitlist")
     if not cli.info.epilog:
         cli.info.epilog = EXIT_CODES
 

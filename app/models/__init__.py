@@ -10,6 +10,7 @@ from app.models.host import Device, DeviceConflict, DeviceProcess, DeviceTelemet
 from app.models.reservation import Reservation, ReservationDevice, ReservationSeries, ReservationShare
 from app.models.rule import SharingRule
 from app.models.user import ApiToken, Group, GroupMember, LoginAttempt, User, WebSession
+from app.models.waitlist import WaitlistEntry, WaitlistStatus
 
 __all__ = [
     "Base", "UTCDateTime", "utcnow", "AuditLog", "DeviceQuarantine", "Finding", "Notice", "Device", "DeviceConflict", "DeviceProcess",
@@ -17,4 +18,5 @@ __all__ = [
     "ReservationSeries", "ReservationShare", "SharingRule", "ApiToken", "Group", "GroupMember",
     "LoginAttempt", "User", "WebSession", "IdempotencyKey", "NOTICE_KINDS", "NoticePreference", "NotifyTarget",
     "BOOST_STATUSES", "QuotaBoost",
+    "WaitlistEntry", "WaitlistStatus",
 ]

@@ -59,7 +59,18 @@ class FindingState(StrEnum):
     RESOLVED = "resolved"
 
 
+class WaitlistStatus(StrEnum):
+    """What ``waitlist_entries.status`` stores; ``waiting`` past its window's end is shown
+    (and, once met by the service, stored) as ``expired``."""
+
+    WAITING = "waiting"
+    BOOKED = "booked"  # auto-book: a reservation was made for the owner (``reservation_id``)
+    NOTIFIED = "notified"  # notify-only: the owner was told the slot is free
+    CANCELLED = "cancelled"  # the owner (or an admin) withdrew it
+    EXPIRED = "expired"  # its window ended while it waited
+
+
 #: finding states that still need attention (shown, counted as open, notified again)
 LIVE_FINDING_STATES = (FindingState.OPEN, FindingState.NOTIFIED)
 
-__all__ = ["DeviceStatus", "FindingKind", "FindingState", "HostStatus", "LIVE_FINDING_STATES"]
+__all__ = ["DeviceStatus", "FindingKind", "FindingState", "HostStatus", "LIVE_FINDING_STATES", "WaitlistStatus"]

@@ -30,7 +30,8 @@ def tell(session: Session, *, user: User, reservation_id: int | None, subject: s
          actor: str, boost_id: int | None = None) -> AuditLog:
     """Record ``text`` for ``user`` about reservation ``reservation_id``, or with
     ``reservation_id=None`` about quota boost ``boost_id``, or about no one reservation or
-    boost when both are ``None`` (an admin told of a quarantined device); ``actor`` is
+    boost when both are ``None`` (an admin told of a quarantined device, a free slot a waitlist
+    entry waited for); ``actor`` is
     ``user:<name>`` or ``system``. Queues its e-mail for after the commit; returns the audit
     row."""
     mail = "queued" if settings.smtp_host and user.email else ("no address" if settings.smtp_host else "no SMTP")

@@ -257,7 +257,14 @@ def earliest_slot(session: Session, *, req: Request, after: datetime, length: ti
     """The earliest slot for ``req`` at or after ``after``; raises InvalidInput (422, field
     ``count``) when no host has enough matching devices at all, Conflict (409, field
     ``count``) when they are held open-ended (until the latest instant)."""
-    cands = candidates(session, req=req, after=after)
+    return earliest_among(candidates(session, req=req, after=after), req=req, after=after, length=length, now=now)
+
+
+def earliest_among(cands: Sequence[Candidate], *, req: Request, after: datetime, length: timedelta,
+                   now: datetime) -> Slot:
+    """:func:`earliest_slot` over candidates already loaded (:func:`candidates` for the same
+    constraints, loaded with an ``after`` no later than this one), so that a caller trying
+    many requests against one state of the bookings loads them once."""
     _check_satisfiable(cands, req)
     for t in _times(cands, after):
         fits = _fits(cands, req, t, length, now)

@@ -49,6 +49,7 @@ from app.services import reservations as reservation_service
 from app.services.intervals import PAST_SLACK
 from app.services import rules as rules_service
 from app.services import shares as share_service
+from app.services.slot_freed import on_slot_freed
 from app.timeutil import zone
 
 WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
@@ -352,6 +353,7 @@ def cancel_series(session: Session, *, actor: User, series_id: int, now: datetim
         raise Forbidden(f"series {series_id} is not yours; only its owner or an admin may cancel it")
     cancelled = 0
     kept: list[int] = []
+    freed: list[Reservation] = []
     # the occurrences' row locks first, as every state change takes them (app.services.lifecycle)
     lifecycle.lock_rows(session, list(session.scalars(select(Reservation.id).where(Reservation.series_id == s.id))))
     for r in session.scalars(
@@ -366,6 +368,7 @@ def cancel_series(session: Session, *, actor: User, series_id: int, now: datetim
             for i in r.items:
                 i.active = False
             cancelled += 1
+            freed.append(r)
         elif r.status == "confirmed":
             kept.append(r.id)
     if s.cancelled_at is None:
@@ -373,4 +376,6 @@ def cancel_series(session: Session, *, actor: User, series_id: int, now: datetim
     session.add(AuditLog(actor=f"user:{actor.username}", action="series.cancel", target=f"series:{s.id}",
                          detail={"cancelled": cancelled, "kept": kept}))
     session.flush()
+    for r in freed:
+        on_slot_freed(session, r)
     return s, cancelled, kept

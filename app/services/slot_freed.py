@@ -1,6 +1,7 @@
 """The one place that learns when devices a reservation held become free again.
 
-Cancel, release, deny, the expiry of an unapproved pending and a maintenance override call
+Cancel, release, deny, the expiry of an unapproved pending, a maintenance override and a
+series' cancel call
 :func:`on_slot_freed` inside their transaction, after the reservation's new state is
 flushed; whoever serves standing requests (a waitlist) registers a listener with
 :func:`subscribe`. Listeners run in the caller's transaction, so what they book commits or

@@ -24,7 +24,7 @@ from starlette.datastructures import FormData, QueryParams
 
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.config import Settings
-from app.errors import AppError, InvalidInput, ReservationConflict
+from app.errors import AppError, Conflict, InvalidInput, ReservationConflict
 from app.services import metrics as metrics_service
 from app.models import Device, Host, Reservation, utcnow
 from app.schemas.reservation import ReservationCreate
@@ -235,6 +235,19 @@ def _error_fields(e: AppError) -> tuple[str | None, str]:
     return field_name, detail
 
 
+def wait_offer(form: BookForm) -> dict[str, Any] | None:
+    """The "wait for it" form offered when the slot is taken (posted to ``/me/waitlist``):
+    as many devices of the same host (any host in placement mode) from the same start for
+    the same length, as hidden fields; None when the form names no devices."""
+    count = form.count if form.mode == "count" else str(len(form.devices))
+    if not count or count == "0":
+        return None
+    fields = [("count", count), ("host", form.host), ("when", form.when), ("start", form.start),
+              ("length", form.length), ("note", form.note)]
+    what = f"{count} device(s){f' of {form.host}' if form.host else ''} for {form.length} h"
+    return {"fields": fields, "what": what, "key": new_form_key()}
+
+
 @router.get("/book")
 def book_page(request: Request, viewer: PageViewer, session: SessionDep, settings: SettingsDep) -> Response:
     """The booking form, prefilled from the query (the timeline links here)."""
@@ -313,7 +326,7 @@ def book(request: Request, viewer: FormViewer, session: WriteSessionDep, setting
             error = "the devices are already reserved in that interval"
             error_field = "devices"
         ctx.update(error=error, error_title=e.title, error_field=error_field, conflicts=conflicts, earliest_free=free,
-                   fold_choices=e.extra.get("choices"))
+                   fold_choices=e.extra.get("choices"), wait_offer=wait_offer(form) if isinstance(e, Conflict) else None)
         return page(request, "book.html", ctx, status=e.status)
     target = f"/me/reservations/{r.id}?booked=1"
     idem.done(303, None, target)

@@ -1,6 +1,7 @@
 """My reservations (``/me/reservations``): upcoming, active and past; cancel, release now,
-extend. One reservation's page (``/me/reservations/{id}``) shows the lines to copy into a
-shell (``CUDA_VISIBLE_DEVICES`` by UUID, ``CUDA_DEVICE_ORDER``)."""
+extend; and "My waitlist" (``app.web.waitlist`` adds and cancels entries). One
+reservation's page (``/me/reservations/{id}``) shows the lines to copy into a shell
+(``CUDA_VISIBLE_DEVICES`` by UUID, ``CUDA_DEVICE_ORDER``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from app.models import Device, Reservation, utcnow
 from app.schemas.reservation import ReservationUpdate
 from app.services import occupied
 from app.services import reservations as reservation_service
+from app.services import waitlist as waitlist_service
 from app.web.book import conflict_lines, device_names
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
 from app.timeutil import add_capped
@@ -67,9 +69,13 @@ def export_lines(r: Reservation) -> str:
     return f"export CUDA_VISIBLE_DEVICES={reservation_service.cuda_visible_devices(r)}\nexport CUDA_DEVICE_ORDER=PCI_BUS_ID"
 
 
-def _list_page(request: Request, session: Session, viewer: Viewer, settings: Settings, *, status: int = 200,
-               **extra: Any) -> Response:
+def list_page(request: Request, session: Session, viewer: Viewer, settings: Settings, *, status: int = 200,
+              **extra: Any) -> Response:
+    """The page (its ``reservations`` block for htmx), with ``extra`` in the template context
+    (``notice``, ``error``, ``error_for``, ``conflicts``)."""
     now = utcnow()
+    entries = [e for e in waitlist_service.list_entries(session, actor=viewer.user, username=viewer.user.username)
+               if e.status == "waiting" or e.updated_at >= now - timedelta(days=PAST_DAYS)]
     mine = my_reservations(session, viewer=viewer, settings=settings, now=now)
     ctx = {
         "viewer": viewer, "active": "mine", "mine": mine,
@@ -77,7 +83,9 @@ def _list_page(request: Request, session: Session, viewer: Viewer, settings: Set
         "labels": device_labels(session, [*mine.active, *mine.upcoming, *mine.past]),
         "now": now, "state_of": lambda r: reservation_service.reservation_state(r, now), "past_days": PAST_DAYS,
         "cuda": reservation_service.cuda_visible_devices, "refs": lambda r: reservation_service.to_read(r, now).devices,
-        "one_hour": timedelta(hours=1), "later": add_capped, **extra,
+        "one_hour": timedelta(hours=1), "later": add_capped, "waitlist": list(reversed(entries)),
+        "wait_state": lambda e: waitlist_service.state(e, now),
+        "wait_position": waitlist_service.positions(session, entries, now), **extra,
     }
     return page(request, "mine.html", ctx, block="reservations", status=status)
 
@@ -88,8 +96,12 @@ def my_reservations_page(
     done: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Response:
     """The viewer's reservations with their actions."""
-    notices = {"cancelled": "Reservation cancelled.", "released": "Devices released.", "extended": "Reservation changed."}
-    return _list_page(request, session, viewer, settings, notice=notices.get(done or ""))
+    notices = {"cancelled": "Reservation cancelled.", "released": "Devices released.", "extended": "Reservation changed.",
+               "waiting": "Added to your waitlist: you are served in turn when devices are freed.",
+               "wait-booked": "They were free already: booked for you (see Upcoming).",
+               "wait-notified": "They are free already: book them from your waitlist below.",
+               "wait-cancelled": "Waitlist entry cancelled."}
+    return list_page(request, session, viewer, settings, notice=notices.get(done or ""))
 
 
 @router.get("/me/reservations/{reservation_id}")
@@ -116,7 +128,7 @@ def _failed(request: Request, session: Session, viewer: Viewer, settings: Settin
         mine = reservation_service.get_reservation(session, reservation_id)
         conflicts = conflict_lines(e.extra.get("conflicts", []), device_names([i.device for i in mine.items]))
     detail = "the devices are reserved by someone else in the added time" if conflicts else e.detail
-    return _list_page(request, session, viewer, settings, status=e.status, error=f"#{reservation_id}: {detail}",
+    return list_page(request, session, viewer, settings, status=e.status, error=f"#{reservation_id}: {detail}",
                       error_title=e.title, error_for=reservation_id, conflicts=conflicts)
 
 

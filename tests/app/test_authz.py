@@ -66,6 +66,11 @@ MATRIX = [
     # alice's pending boost: neither she nor bob may decide it; an admin may
     ("POST", "/api/v1/boosts/{boost_id}/approve", _row(401, 403, 403, 200, 403, 403)),
     ("POST", "/api/v1/boosts/{boost_id}/deny", _row(401, 403, 403, 200, 403, 403)),
+    ("GET", "/api/v1/waitlist", _row(401, 200, 200, 200, 403, 403)),
+    ("POST", "/api/v1/waitlist", _row(401, 201, 201, 201, 403, 403)),
+    # alice owns {entry_id} (waiting): bob may neither read nor cancel it
+    ("GET", "/api/v1/waitlist/{entry_id}", _row(401, 200, 403, 200, 403, 403)),
+    ("DELETE", "/api/v1/waitlist/{entry_id}", _row(401, 200, 403, 200, 403, 403)),
 ]
 
 
@@ -101,7 +106,21 @@ def test_authorization_matrix(client, lab, make_host, make_user):
         r = client.post("/api/v1/notify-targets", json={"url": "wecombot://matrix0123"}, headers=lab.alice.headers)
         return r.json()["id"]
 
+    def fresh_entry() -> int:
+        # every GPU of node-01 held for alice in a window, so her entry for it keeps waiting
+        s = future(24 * 60) + timedelta(hours=3 * next(_slot))
+        held = client.post("/api/v1/reservations", json={"host": "node-01", "devices": [0, 1, 2, 3], "user": "alice",
+                                                         "start": s.isoformat(), "duration": "PT2H"}, headers=lab.admin.headers)
+        assert held.status_code == 201, held.text
+        r = client.post("/api/v1/waitlist", json={"count": 1, "duration": "PT1H", "start": s.isoformat(),
+                                                  "end": (s + timedelta(hours=2)).isoformat()}, headers=lab.alice.headers)
+        assert r.status_code == 201 and r.json()["state"] == "waiting", r.text
+        return r.json()["id"]
+
     def body_for(method: str, path: str) -> dict | None:
+        if path == "/api/v1/waitlist" and method == "POST":
+            s = future(24 * 90) + timedelta(hours=2 * next(_slot))
+            return {"count": 1, "duration": "PT1H", "start": s.isoformat(), "within": "PT2H"}
         if path == "/api/v1/me/password":
             return {"current_password": "not it", "new_password": "long enough"}
         if path == "/api/v1/notify-targets" and method == "POST":
@@ -149,6 +168,7 @@ def test_authorization_matrix(client, lab, make_host, make_user):
                 uuid=lab.devices[3], reservation_id=fresh_reservation() if "{reservation_id}" in template else 0,
                 finding_id=999, target_id=fresh_target() if "{target_id}" in template else 0,
                 boost_id=fresh_boost() if "{boost_id}" in template else 0,
+                entry_id=fresh_entry() if "{entry_id}" in template else 0,
             )
             r = client.request(method, path, json=body_for(method, template), headers=headers[actor])
             if r.status_code != expected[actor]:

@@ -37,7 +37,7 @@ def examples() -> list[tuple[str, list[str]]]:
 def test_doc_has_examples_for_each_part():
     text = "\n".join(s for s, _ in examples())
     for needle in ("Idempotency-Key", "fold", "/release", "DELETE", "/me/password", '"active": false', "/approve",
-                   "/deny", "/approvals", "/maintenance", '"override": true'):
+                   "/deny", "/approvals", "/maintenance", '"override": true', "/api/v1/waitlist"):
         assert needle in text
 
 
