@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from app import __version__, web
-from app.api import agent, approvals, feeds, findings, hosts, metrics, notify, reports, reservations, rules, users
+from app.api import agent, approvals, checkin, feeds, findings, hosts, metrics, notify, reports, reservations, rules, users
 from app.web import apidocs
 from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory, write_gate_for
@@ -138,10 +138,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # Every router by name: the whole surface in one place, and a renamed module fails here.
     for router in (reservations.router, hosts.router, users.router, agent.router, findings.router,
-                   rules.router, feeds.router, notify.router, approvals.router):
+                   rules.router, feeds.router, notify.router, approvals.router, checkin.router):
         app.include_router(router, prefix="/api/v1")
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     approvals.install_expiry(app)  # pending reservations that reach their start unapproved expire
+    checkin.install_sweep(app)  # no-shows warned then released, idle holders asked
     metrics.install(app)  # /metrics and the conflict counter (before the page handlers wrap it)
     web.install(app)  # the pages, the cookie resolver for the API, the page error handlers
     from app.middleware.outage import install_outage_handler
