@@ -82,14 +82,14 @@ _r, _rd, _p, _u, _d = (Reservation.__table__, ReservationDevice.__table__, Devic
 _MARK = (
     update(_r)
     .where(
-        _r.c.host_id == bindparam("host_id"), _r.c.status == "confirmed", _r.c.kind == "booking",
+        _r.c.host_id == bindparam("host_"), _r.c.status == "confirmed", _r.c.kind == "booking",
         _r.c.checked_in_at.is_(None), _r.c.start_at <= bindparam("at_"), _r.c.end_at > bindparam("at_"),
         exists(
             select(_p.c.id)
             .join(_d, _d.c.id == _p.c.device_id)
             .join(_rd, or_(_rd.c.device_id == _p.c.device_id, _rd.c.device_id == _d.c.parent_id))
             .join(_u, _u.c.id == _r.c.user_id)
-            .where(_p.c.host_id == bindparam("host_id"), _rd.c.reservation_id == _r.c.id, _rd.c.active.is_(True),
+            .where(_p.c.host_id == bindparam("host_"), _rd.c.reservation_id == _r.c.id, _rd.c.active.is_(True),
                    _rd.c.end_at > bindparam("at_"),
                    or_(_p.c.unix_user == _u.c.unix_name,
                        and_(_p.c.owner_status == "uid_only", _u.c.unix_uid.is_not(None), _p.c.uid == _u.c.unix_uid)))
@@ -104,7 +104,7 @@ def mark_checked_in(session: Session, *, host_id: int, at: datetime) -> int:
     """Mark checked in, as of ``at`` (UTC), every live booking of host ``host_id`` whose holder
     has a process on its devices in the stored process list; returns how many rows changed.
     Call after the host's processes are stored, only for a fresh (not stale) snapshot."""
-    return session.execute(_MARK, {"host_id": host_id, "at_": at}).rowcount or 0
+    return session.execute(_MARK, {"host_": host_id, "at_": at}).rowcount or 0
 
 
 # ---------------------------------------------------------------------------- trust
