@@ -163,6 +163,21 @@ def close(session: Session, r: Reservation, kind: FindingKind, state: FindingSta
 # ---------------------------------------------------------------------------- answers
 
 
+def asked(session: Session, *, user_id: int, now: datetime) -> list[Reservation]:
+    """The user's active bookings with a pending question at ``now`` (warned without check-in
+    nor keep, or asked about idle devices without keep), loaded for pages, by start."""
+    from app.services.conflicts import loaded_options
+
+    q = select(Reservation).where(
+        Reservation.user_id == user_id, Reservation.status == "confirmed", Reservation.start_at <= now,
+        Reservation.end_at > now,
+        or_(and_(Reservation.checkin_warned_at.is_not(None), Reservation.checked_in_at.is_(None),
+                 Reservation.checkin_kept_at.is_(None)),
+            and_(Reservation.idle_asked_at.is_not(None), Reservation.idle_kept_at.is_(None))),
+    )
+    return list(session.scalars(q.options(*loaded_options()).order_by(Reservation.start_at, Reservation.id)))
+
+
 def keep(session: Session, *, actor: str, actor_user: User | None, reservation_id: int, now: datetime, tz,
          load) -> Reservation:
     """The holder's "keep it": the no-show warning or the idle question of an active
@@ -207,5 +222,5 @@ def _note_consent(session: Session, r: Reservation) -> None:
 slot_freed.subscribe(_note_consent)
 
 
-__all__ = ["DEFAULTS", "CheckinRules", "close", "keep", "mark_checked_in", "record", "rules_for",
+__all__ = ["DEFAULTS", "CheckinRules", "asked", "close", "keep", "mark_checked_in", "record", "rules_for",
            "trusted"]

@@ -18,7 +18,7 @@ from app.config import Settings
 from app.errors import AppError, InvalidInput, ReservationConflict
 from app.models import Device, Reservation, utcnow
 from app.schemas.reservation import ReservationUpdate
-from app.services import occupied
+from app.services import checkin, occupied
 from app.services import reservations as reservation_service
 from app.web.book import conflict_lines, device_names
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
@@ -77,7 +77,8 @@ def _list_page(request: Request, session: Session, viewer: Viewer, settings: Set
         "labels": device_labels(session, [*mine.active, *mine.upcoming, *mine.past]),
         "now": now, "state_of": lambda r: reservation_service.reservation_state(r, now), "past_days": PAST_DAYS,
         "cuda": reservation_service.cuda_visible_devices, "refs": lambda r: reservation_service.to_read(r, now).devices,
-        "one_hour": timedelta(hours=1), "later": add_capped, **extra,
+        "one_hour": timedelta(hours=1), "later": add_capped,
+        "question_of": lambda r: reservation_service.checkin_question(r, now), **extra,
     }
     return page(request, "mine.html", ctx, block="reservations", status=status)
 
@@ -88,7 +89,8 @@ def my_reservations_page(
     done: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Response:
     """The viewer's reservations with their actions."""
-    notices = {"cancelled": "Reservation cancelled.", "released": "Devices released.", "extended": "Reservation changed."}
+    notices = {"cancelled": "Reservation cancelled.", "released": "Devices released.", "extended": "Reservation changed.",
+               "kept": "Kept: it is left alone for the rest of its time."}
     return _list_page(request, session, viewer, settings, notice=notices.get(done or ""))
 
 
@@ -150,3 +152,16 @@ def extend_reservation(
     except AppError as e:
         return _failed(request, session, viewer, settings, reservation_id, e)
     return RedirectResponse("/me/reservations?done=extended", status_code=303)
+
+
+@router.post("/me/reservations/{reservation_id}/keep")
+def keep_reservation(
+    request: Request, reservation_id: int, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep
+) -> Response:
+    """Answer "keep it" to the no-show warning or the "still using it?" question."""
+    try:
+        checkin.keep(session, actor=f"user:{viewer.user.username}", actor_user=viewer.user, reservation_id=reservation_id,
+                     now=utcnow(), tz=settings.tz, load=reservation_service.load_locked)
+    except AppError as e:
+        return _failed(request, session, viewer, settings, reservation_id, e)
+    return RedirectResponse("/me/reservations?done=kept", status_code=303)
