@@ -1,7 +1,7 @@
 """The lab members' commands of ``gpuroster`` (registered on the server CLI by :func:`register`).
 
 ``login`` once, then ``reserve``, ``list``, ``cancel``, ``release``, ``extend``, ``status``,
-``env``, ``run`` and ``usage``. Listings take ``--json``. Times are shown in the lab's time
+``env``, ``run``, ``usage`` and ``keep``. Listings take ``--json``. Times are shown in the lab's time
 zone. Exit codes are listed in :data:`EXIT_CODES` (and in ``--help``).
 """
 
@@ -321,6 +321,9 @@ def register(cli: typer.Typer) -> None:
     add(approval_commands.approve, "approve")
     add(approval_commands.deny, "deny")
     add(approval_commands.maintenance, "maintenance")
+    from app.client import checkin as checkin_commands
+
+    add(checkin_commands.keep, "keep")
     if not cli.info.epilog:
         cli.info.epilog = EXIT_CODES
 
