@@ -280,3 +280,32 @@ def test_rule_settings_are_validated_and_resolved(client, lab):
     assert bad.status_code == 422 and "idle_silence" in bad.text
     rule = _rule(client, lab, checkin_minutes=30, idle_below_percent=5, idle_silence="release_idle_devices")
     assert (rule["checkin_minutes"], rule["idle_silence"]) == (30, "release_idle_devices")
+
+
+def test_report_counts_no_shows_consent_releases_and_idle_hours_after_check_in(client, lab, session_factory, agent,
+                                                                                settings):
+    _rule(client, lab, checkin_minutes=30, checkin_grace_minutes=15)
+    no_show, t0 = _booked(client, lab, session_factory, devices=(0,), started_ago=180)
+    assert agent.sweep(t0 + timedelta(minutes=31)).warned == [no_show]
+    assert agent.sweep(t0 + timedelta(minutes=46)).released == [no_show]
+    idle, t1 = _booked(client, lab, session_factory, devices=(1,), started_ago=120)
+    from app.models import Reservation as R  # the holder checked in, then left the GPU idle for an hour
+    run_in_transaction(session_factory, lambda s: s.execute(update(R).where(R.id == idle).values(
+        checked_in_at=t1 + timedelta(minutes=2), idle_asked_at=t1 + timedelta(minutes=70))))
+    _idle_minutes(session_factory, lab, t1 + timedelta(minutes=3), 60, devices=(1,))
+    assert client.post(f"/api/v1/reservations/{idle}/release", headers=lab.alice.headers).status_code == 200
+    params = {"user": "alice", "from": (t0 - timedelta(hours=1)).isoformat(), "to": datetime.now(UTC).isoformat()}
+    rep = client.get("/api/v1/reports/usage", params=params, headers=lab.alice.headers).json()
+    totals = rep["totals"]
+    # an hour of idle rollups after the check-in, plus at most the minute of the lab fixture's snapshot
+    hour = pytest.approx(1.0 + 0.5 / 60, abs=0.5 / 60 + 1e-3)
+    assert (totals["no_shows"], totals["consent_releases"], totals["checked_in_idle_gpu_hours"]) == (1, 1, hour)
+    assert totals["findings"].get("no_show") == 1  # the admin-visible finding of the no-show
+    by_id = {r["id"]: r for r in rep["reservations"]}
+    assert by_id[no_show]["auto_release"] == "no_show" and by_id[no_show]["checked_in_idle_gpu_hours"] == 0
+    assert by_id[idle]["auto_release"] == "idle_consent" and by_id[idle]["checked_in_idle_gpu_hours"] == hour
+    csv_text = client.get("/api/v1/reports/usage.csv", params=params, headers=lab.alice.headers).text
+    header, *lines = csv_text.splitlines()
+    assert header.endswith("checked_in_utc,checked_in_idle_gpu_hours,auto_release")
+    row = next(line.split(",") for line in lines if line.endswith(",idle_consent"))
+    assert float(row[-2]) == hour and any(line.endswith(",no_show") for line in lines)

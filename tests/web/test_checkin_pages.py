@@ -60,6 +60,9 @@ def test_still_using_it_release_now_counts_as_consent(weblab, session_factory):
     with session_factory() as s:
         r = s.get(Reservation, rid)
         assert (r.status, r.auto_release) == ("released", "idle_consent")
+    report = weblab.alice.get("/reports/usage").text  # this month's report counts it
+    assert 'data-k="consent_releases">1<' in report and 'data-k="no_shows">0<' in report
+    assert "released after “still using it?”" in report
 
 
 def test_signed_answer_link_needs_no_session_and_a_post(weblab, session_factory, client, settings):
