@@ -133,6 +133,13 @@ def _release_devices(session: Session, r: Reservation, device_ids: list[int], *,
     return True
 
 
+def _fresh(session: Session, r: Reservation) -> Reservation:
+    """``r`` reloaded under its row lock: of two service processes sweeping at once, the
+    second sees what the first stored (and warns or asks nobody twice)."""
+    lifecycle.lock_rows(session, [r.id])
+    return load_locked(session, r.id)
+
+
 def _no_show(session: Session, r: Reservation, rules: checkin.CheckinRules, *, now: datetime, settings: Settings,
              out: SweepResult) -> None:
     if r.checked_in_at is not None:
@@ -145,6 +152,9 @@ def _no_show(session: Session, r: Reservation, rules: checkin.CheckinRules, *, n
     if now < due:
         return
     if r.checkin_warned_at is None:
+        r = _fresh(session, r)
+        if r.checkin_warned_at is not None or r.checked_in_at is not None or r.checkin_kept_at is not None:
+            return
         r.checkin_warned_at = now
         grace = timedelta(minutes=rules.checkin_grace_minutes)
         text = (f"Reservation {r.id} on {r.host.name} started at {fmt_local(r.start_at, settings.tz)} and none of "
@@ -174,6 +184,9 @@ def _idle(session: Session, r: Reservation, rules: checkin.CheckinRules, *, now:
         return
     names = ", ".join(sorted(i.device.uuid for i in r.items if i.device_id in idle))
     if r.idle_asked_at is None:
+        r = _fresh(session, r)
+        if r.idle_asked_at is not None or r.idle_kept_at is not None or r.status != "confirmed":
+            return
         r.idle_asked_at = now
         grace = timedelta(minutes=rules.idle_grace_minutes)
         policy = {"nothing": "Nothing happens if you do not answer.",
