@@ -123,8 +123,12 @@ def trusted(host: Host, telemetry: Sequence[DeviceTelemetry | None], now: dateti
     for t in telemetry:
         if t is None:
             return "a device has not reported"
-        if t.health != "ok" or t.processes_status != "ok" or t.process_data != "ok":
-            return f"device process data is {t.process_data if t.process_data != 'ok' else t.processes_status}"
+        if t.health != "ok":
+            return f"a device reports health {t.health}"
+        if t.processes_status != "ok":
+            return f"a device's process list is {t.processes_status}"
+        if t.process_data != "ok":
+            return f"a device's process data is {t.process_data}"
     return None
 
 

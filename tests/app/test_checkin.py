@@ -123,6 +123,9 @@ def test_no_check_in_is_warned_then_released_and_the_slot_offered(client, lab, s
     r = _res(session_factory, rid)
     assert (r.status, r.auto_release, r.end_at) == ("released", "no_show", released_at)
     assert freed == [rid]
+    # the rest of the slot is free for others
+    later = book(client, lab.bob, [0], (released_at + timedelta(minutes=5)).replace(second=0), duration="PT1H")
+    assert later.status_code == 201, later.text
     assert _finding(session_factory, rid, "no_show").state == "terminated"
     assert "was released" in _told(session_factory, "alice")[-1]
     # the admin sees the finding
