@@ -267,7 +267,7 @@ def update_reservation(
         if new_end <= now and state == "active":
             raise InvalidInput("end: must be in the future; use release to end it now", field="end")
         if new_end != r.end_at:
-            devices = [i.device for i in r.items]
+            devices = [i.device for i in r.items if i.end_at >= r.end_at]  # not those released early
             if new_end > r.end_at and find_conflicts(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id):
                 raise conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id, tz=settings.tz)
             rules_service.validate_reservation(

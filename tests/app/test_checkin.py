@@ -267,6 +267,15 @@ def test_silence_releases_only_the_idle_devices_of_a_multi_device_booking(client
         host = s.scalar(select(Host).where(Host.name == "node-01"))
         table = ingest_ack.reservation_table(s, host=host, now=at + timedelta(minutes=1))
         assert [e.device_uuids for e in table if e.id == rid] == [[lab.devices[0]]]
+        end = r.end_at
+    # the freed GPU is bookable by others; extending the reservation leaves it freed
+    assert book(client, lab.bob, [1], (at + timedelta(minutes=5)).replace(second=0), duration="PT1H").status_code == 201
+    longer = client.patch(f"/api/v1/reservations/{rid}", json={"end": (end + timedelta(hours=1)).isoformat()},
+                          headers=lab.alice.headers)
+    assert longer.status_code == 200, longer.text
+    with session_factory() as s:
+        ends = sorted(i.end_at for i in s.scalars(select(ReservationDevice).where(ReservationDevice.reservation_id == rid)))
+        assert ends == [at, end + timedelta(hours=1)]
 
 
 def test_holder_releasing_after_the_question_is_a_consent_release(client, lab, session_factory, agent):
