@@ -161,6 +161,17 @@ def test_check_in_by_the_holders_process_or_container_only(client, lab, session_
     assert agent.sweep(t0 + timedelta(minutes=50)).warned == []
 
 
+def test_check_in_by_uid_when_the_agent_could_not_name_it(client, lab, session_factory, agent):
+    from app.models import User
+
+    run_in_transaction(session_factory, lambda s: s.execute(update(User).where(User.username == "alice").values(unix_uid=4321)))
+    rid, t0 = _booked(client, lab, session_factory)
+    agent.post(t0 + timedelta(minutes=3), processes=[_proc(None, uid=4322, owner_status="uid_only")])
+    assert _res(session_factory, rid).checked_in_at is None
+    agent.post(t0 + timedelta(minutes=4), processes=[_proc(None, uid=4321, owner_status="uid_only")])
+    assert _res(session_factory, rid).checked_in_at == t0 + timedelta(minutes=4)
+
+
 def test_short_bookings_need_no_check_in(client, lab, session_factory, agent):
     _rule(client, lab, checkin_minutes=10, checkin_min_booking_minutes=120)
     rid, t0 = _booked(client, lab, session_factory, hours=1)
