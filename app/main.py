@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from app import __version__, web
-from app.api import (agent, approvals, boosts, feeds, findings, hosts, metrics, notify, quarantines, reports,
-                     reservations, rules, users, waitlist)
+from app.api import (agent, approvals, boosts, checkin, feeds, findings, hosts, metrics, notify, quarantines,
+                     reports, reservations, rules, users, waitlist)
 from app.web import apidocs
 from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory, write_gate_for
@@ -140,13 +140,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Every router by name: the whole surface in one place, and a renamed module fails here.
     for router in (reservations.router, hosts.router, users.router, agent.router, findings.router,
                    rules.router, feeds.router, notify.router, approvals.router, boosts.router,
-                   quarantines.router, waitlist.router):
+                   quarantines.router, waitlist.router, checkin.router):
         app.include_router(router, prefix="/api/v1")
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     approvals.install_expiry(app)  # pending reservations that reach their start unapproved expire
     from app.services import waitlist_serving
 
     waitlist_serving.install(app)  # freed devices serve the waitlist, first come first served
+    checkin.install_sweep(app)  # no-shows warned then released, idle holders asked
     metrics.install(app)  # /metrics and the conflict counter (before the page handlers wrap it)
     web.install(app)  # the pages, the cookie resolver for the API, the page error handlers
     from app.middleware.outage import install_outage_handler

@@ -1,7 +1,7 @@
 """The lab members' commands of ``gpuroster`` (registered on the server CLI by :func:`register`).
 
 ``login`` once, then ``reserve``, ``list``, ``cancel``, ``release``, ``extend``, ``status``,
-``env``, ``run`` and ``usage``. Listings take ``--json``. Times are shown in the lab's time
+``env``, ``run``, ``usage`` and ``keep``. Listings take ``--json``. Times are shown in the lab's time
 zone. Exit codes are listed in :data:`EXIT_CODES` (and in ``--help``).
 """
 
@@ -355,6 +355,9 @@ def register(cli: typer.Typer) -> None:
         _unless_subcommand(command(waitlist_commands.list_entries)))
     group.command("cancel", epilog=EXIT_CODES)(command(waitlist_commands.cancel))
     cli.add_typer(group, name="waitlist")
+    from app.client import checkin as checkin_commands
+
+    add(checkin_commands.keep, "keep")
     if not cli.info.epilog:
         cli.info.epilog = EXIT_CODES
 

@@ -27,7 +27,8 @@ class Finding(Base):
     __tablename__ = "findings"
     __table_args__ = (
         UniqueConstraint("host_id", "key"),
-        CheckConstraint("kind IN ('unreserved', 'foreign', 'overrun', 'idle', 'unattributed', 'unknown_uid')", name="kind"),
+        CheckConstraint("kind IN ('unreserved', 'foreign', 'overrun', 'idle', 'unattributed', 'unknown_uid', 'no_show', 'idle_holder')",
+                        name="kind"),
         CheckConstraint("state IN ('open', 'notified', 'terminated', 'resolved')", name="state"),
     )
 

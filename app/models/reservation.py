@@ -41,6 +41,10 @@ STATUSES = tuple(s.value for s in ReservationStatus)
 # Statuses whose reservation never held (or no longer holds) its devices: not counted anywhere.
 NOT_HELD = ("cancelled", "denied", "expired")
 KINDS = ("booking", "maintenance")
+# ``reservations.auto_release``: a no-show released by the sweep; after "still using it?": the
+# sweep released all (``idle``) or only the idle devices (``idle_devices``), or the holder
+# released it themselves (``idle_consent``).
+AUTO_RELEASES = ("no_show", "idle", "idle_devices", "idle_consent")
 
 
 class ReservationSeries(Base):
@@ -80,6 +84,7 @@ class Reservation(Base):
         CheckConstraint("status IN ('confirmed', 'cancelled', 'released', 'pending', 'denied', 'expired')",
                         name="status"),
         CheckConstraint("kind IN ('booking', 'maintenance')", name="kind"),
+        CheckConstraint("auto_release IN ('no_show', 'idle', 'idle_devices', 'idle_consent')", name="auto_release"),
         Index("ix_reservations_host_id_end_at", "host_id", "end_at"),
         Index("ix_reservations_user_id_end_at", "user_id", "end_at"),  # quota counting
     )
@@ -101,6 +106,13 @@ class Reservation(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     cancelled_at: Mapped[datetime | None]
+    # check-in by evidence and idle holders (app.services.checkin): all UTC instants
+    checked_in_at: Mapped[datetime | None] = mapped_column(comment="first holder process seen on its devices")
+    checkin_warned_at: Mapped[datetime | None] = mapped_column(comment="holder told: no check-in yet")
+    checkin_kept_at: Mapped[datetime | None] = mapped_column(comment="holder answered keep to the no-show warning")
+    idle_asked_at: Mapped[datetime | None] = mapped_column(comment="holder asked: still using it?")
+    idle_kept_at: Mapped[datetime | None] = mapped_column(comment="holder answered keep to the idle question")
+    auto_release: Mapped[str | None] = mapped_column(String(16), comment="why it was released: see AUTO_RELEASES")
 
     user: Mapped[User] = relationship(foreign_keys=[user_id], lazy="raise")
     host: Mapped[Host] = relationship(lazy="raise")
@@ -152,4 +164,4 @@ class ReservationShare(Base):
     group: Mapped[Group | None] = relationship(lazy="raise")
 
 
-__all__ = ["KINDS", "NOT_HELD", "ReservationStatus", "Reservation", "ReservationDevice", "ReservationShare", "ReservationSeries", "STATUSES"]
+__all__ = ["AUTO_RELEASES", "KINDS", "NOT_HELD", "ReservationStatus", "Reservation", "ReservationDevice", "ReservationShare", "ReservationSeries", "STATUSES"]

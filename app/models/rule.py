@@ -27,6 +27,7 @@ class SharingRule(Base):
             "(scope = 'user' AND user_id IS NOT NULL AND group_id IS NULL)",
             name="target",
         ),
+        CheckConstraint("idle_silence IN ('nothing', 'release', 'release_idle_devices')", name="idle_silence"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -49,6 +50,14 @@ class SharingRule(Base):
     approval_above_seconds: Mapped[int | None] = mapped_column(Integer)
     approval_above_ahead_seconds: Mapped[int | None] = mapped_column(Integer)
     approval_above_gpu_hours: Mapped[float | None] = mapped_column(Float)
+    # check-in and idle holders (app.services.checkin); minutes, percent
+    checkin_minutes: Mapped[int | None] = mapped_column(Integer, comment="check-in window after the start")
+    checkin_min_booking_minutes: Mapped[int | None] = mapped_column(Integer, comment="shorter bookings: no check-in")
+    checkin_grace_minutes: Mapped[int | None] = mapped_column(Integer, comment="after the warning, before release")
+    idle_below_percent: Mapped[int | None] = mapped_column(Integer, comment="compute utilization counted as idle")
+    idle_after_minutes: Mapped[int | None] = mapped_column(Integer, comment="idle this long: holder asked")
+    idle_grace_minutes: Mapped[int | None] = mapped_column(Integer, comment="after the question, before silence counts")
+    idle_silence: Mapped[str | None] = mapped_column(String(24), comment="nothing | release | release_idle_devices")
     note: Mapped[str | None] = mapped_column(String(512))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

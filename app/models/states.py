@@ -48,6 +48,8 @@ class FindingKind(StrEnum):
     IDLE = "idle"  # a reservation whose holder runs nothing
     UNATTRIBUTED = "unattributed"  # a container whose owner no rule names
     UNKNOWN_UID = "unknown_uid"  # a host process whose uid maps to no user
+    NO_SHOW = "no_show"  # the service: no holder process on a reservation's devices by its check-in time
+    IDLE_HOLDER = "idle_holder"  # the service: a checked-in holder's devices hold memory, compute idle
 
 
 class FindingState(StrEnum):

@@ -28,7 +28,12 @@ class UsageFigures(BaseModel):
 class UserUsage(UsageFigures):
     user: str
     reservations: int = Field(description="reservations overlapping the period (cancelled ones excluded)")
-    findings: dict[str, int] = Field(description="findings in the period by kind (unreserved, foreign, overrun, idle)")
+    findings: dict[str, int] = Field(description="findings in the period by kind (unreserved, foreign, overrun, idle, "
+                                                 "no_show, idle_holder, ...)")
+    no_shows: int = Field(default=0, description="reservations released for want of a check-in")
+    consent_releases: int = Field(default=0, description="reservations released (all or some devices) after "
+                                                         "\"still using it?\": by silence or by the holder")
+    checked_in_idle_gpu_hours: float = Field(default=0.0, description="idle GPU-hours after the holder checked in")
 
 
 class ReservationUsage(UsageFigures):
@@ -39,6 +44,9 @@ class ReservationUsage(UsageFigures):
     start: datetime
     end: datetime
     status: str
+    checked_in_at: datetime | None = Field(default=None, description="first holder process on its devices")
+    auto_release: str | None = Field(default=None, description="no_show | idle | idle_devices | idle_consent")
+    checked_in_idle_gpu_hours: float = Field(default=0.0, description="idle GPU-hours after the check-in")
 
 
 class UsageReport(BaseModel):

@@ -108,3 +108,8 @@ class ReservationRead(BaseModel):
     created_by: str | None = None
     override_reason: str | None = None
     kind: Literal["booking", "maintenance"] = "booking"
+    checked_in_at: datetime | None = Field(default=None, description="when a holder process was first seen on its devices")
+    question: Literal["checkin", "idle"] | None = Field(
+        default=None, description="pending: no check-in yet (keep it?) or still using it? Answer with POST .../keep or release")
+    auto_release: Literal["no_show", "idle", "idle_devices", "idle_consent"] | None = Field(
+        default=None, description="why it was released: no-show, idle (all or some devices), or by its holder when asked")

@@ -42,6 +42,20 @@ class RuleLimits(BaseModel):
                                                      description="a booking starting further ahead awaits approval, s")
     approval_above_gpu_hours: float | None = Field(default=None, ge=0, le=1e7,
                                                    description="a booking of more device-hours awaits approval")
+    checkin_minutes: int | None = Field(default=None, ge=1, le=1440,
+                                        description="no holder process by this many minutes after the start: warned")
+    checkin_min_booking_minutes: int | None = Field(default=None, ge=0, le=366 * 1440,
+                                                    description="bookings shorter than this need no check-in (default 60)")
+    checkin_grace_minutes: int | None = Field(default=None, ge=1, le=1440,
+                                              description="warned and still no check-in this long: released (default 15)")
+    idle_below_percent: int | None = Field(default=None, ge=1, le=100,
+                                           description="compute utilization under this % (memory held) counts as idle")
+    idle_after_minutes: int | None = Field(default=None, ge=5, le=7 * 1440,
+                                           description="idle this many minutes: holder asked (default 60)")
+    idle_grace_minutes: int | None = Field(default=None, ge=1, le=1440,
+                                           description="asked and no answer this long: silence policy (default 30)")
+    idle_silence: Literal["nothing", "release", "release_idle_devices"] | None = Field(
+        default=None, description="what an unanswered question does (default nothing)")
     note: str | None = Field(default=None, max_length=512)
 
 
@@ -76,6 +90,13 @@ class RuleRead(BaseModel):
     approval_above_seconds: int | None = None
     approval_above_ahead_seconds: int | None = None
     approval_above_gpu_hours: float | None = None
+    checkin_minutes: int | None = None
+    checkin_min_booking_minutes: int | None = None
+    checkin_grace_minutes: int | None = None
+    idle_below_percent: int | None = None
+    idle_after_minutes: int | None = None
+    idle_grace_minutes: int | None = None
+    idle_silence: str | None = None
     note: str | None
     created_at: datetime
     updated_at: datetime

@@ -25,7 +25,7 @@ from app.models import Host, HostSnapshot, UsageRollup, utcnow
 from app.services import device_claims
 from app.services import findings as findings_service
 from app.services import hosts as host_service
-from app.services import ingest_state, occupied, quarantine
+from app.services import checkin, ingest_state, occupied, quarantine
 from app.services.ingest_ack import build_ack
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,8 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         # health quarantine: reads the database only when a device shows a critical condition
         # or the host is already watched, writes only when the health state changes
         quarantine.apply_snapshot(session, host=host, snap=snap, devices=devices, now=now, settings=settings)
+        if snap.processes and not snap.stale:
+            checkin.mark_checked_in(session, host_id=host.id, at=at)  # one UPDATE, none already checked in
     _rollup(session, snap, devices, at)
     findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
     return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now)

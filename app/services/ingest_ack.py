@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, select, union_all
+from sqlalchemy import and_, bindparam, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from agent.schema import HostPolicy, ReservationEntry, SnapshotAck
@@ -41,6 +41,8 @@ _TABLE_ROWS = (
         _r.status != "cancelled",
         _r.end_at > bindparam("after"),
         _r.start_at < bindparam("before"),
+        # a device released before the rest of its reservation is no longer the holder's
+        or_(_rd.end_at >= _r.end_at, _rd.end_at > bindparam("now")),
     )
     .order_by(_r.start_at, _r.id, _d.index)
 )
@@ -98,7 +100,7 @@ def reservation_table(session: Session, *, host: Host, now: datetime) -> list[Re
     one query for reservations and their devices, one for shares (resolved to Unix names and
     uids, groups expanded) when there are reservations."""
     rows = tuple(session.execute(_TABLE_ROWS, {"host_id": host.id, "after": now - TABLE_BEHIND,
-                                               "before": now + TABLE_AHEAD}).tuples())
+                                               "before": now + TABLE_AHEAD, "now": now}).tuples())
     if not rows:
         return []
     ids = sorted({r[0] for r in rows})

@@ -58,6 +58,7 @@ class Action(StrEnum):
     DENY = "deny"
     EXPIRE = "expire"  # the sweep storing that a pending reached its start unapproved
     OVERRIDE = "override"  # a maintenance with override cancelling or shortening the reservation
+    RELEASE_DEVICES = "release_devices"  # some devices of an active reservation freed now, the rest kept
 
 
 # (phase before, action) -> stored status after. The only legal transitions.
@@ -78,11 +79,13 @@ TRANSITIONS: dict[tuple[Phase, Action], Status] = {
     (Phase.PENDING, Action.OVERRIDE): Status.CANCELLED,
     (Phase.UPCOMING, Action.OVERRIDE): Status.CONFIRMED,
     (Phase.ACTIVE, Action.OVERRIDE): Status.CONFIRMED,
+    (Phase.ACTIVE, Action.RELEASE_DEVICES): Status.CONFIRMED,
 }
 
 # Audit actions that mark a state change of a reservation (what a refused loser is told about).
 _CHANGE_ACTIONS = tuple(f"reservation.{a}" for a in ("cancel", "release", "change_end", "share", "edit", "approve",
-                                                     "deny", "expire", "override"))
+                                                     "deny", "expire", "override",
+                                                     "release_devices"))
 _HISTORY = (Phase.ENDED, Phase.CANCELLED, Phase.RELEASED, Phase.DENIED, Phase.EXPIRED)
 
 

@@ -10,7 +10,8 @@ from app.sanitize import csv_cell
 from app.schemas.report import UsageReport
 
 COLUMNS = ("reservation", "user", "host", "devices", "start_utc", "end_utc", "status", "reserved_gpu_hours",
-           "used_gpu_hours", "idle_gpu_hours", "unmonitored_gpu_hours", "used_fraction")
+           "used_gpu_hours", "idle_gpu_hours", "unmonitored_gpu_hours", "used_fraction", "checked_in_utc",
+           "checked_in_idle_gpu_hours", "auto_release")
 
 
 def usage_csv(report: UsageReport) -> str:
@@ -23,6 +24,8 @@ def usage_csv(report: UsageReport) -> str:
     for r in report.reservations:
         row = (r.id, r.user, r.host, " ".join(r.devices), r.start.astimezone(UTC).isoformat(),
                r.end.astimezone(UTC).isoformat(), r.status, r.reserved_gpu_hours, r.used_gpu_hours, r.idle_gpu_hours,
-               r.unmonitored_gpu_hours, r.used_fraction)
+               r.unmonitored_gpu_hours, r.used_fraction,
+               r.checked_in_at.astimezone(UTC).isoformat() if r.checked_in_at else "", r.checked_in_idle_gpu_hours,
+               r.auto_release or "")
         w.writerow([csv_cell(v) for v in row])
     return out.getvalue()

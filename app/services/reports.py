@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from app.config import Settings
@@ -40,7 +40,6 @@ from app.models.reservation import NOT_HELD
 from app.models import (
     AuditLog,
     Device,
-    Finding,
     Group,
     GroupMember,
     Reservation,
@@ -51,7 +50,7 @@ from app.models import (
 )
 from app.models.states import FindingKind
 from app.schemas.report import ReservationUsage, UsageReport, UserUsage
-from app.services import ingest
+from app.services import ingest, report_counts
 from app.timeutil import parse_instant
 
 DEFAULT_THRESHOLD_PCT = 5.0  # the agent's default idle threshold (HostPolicy.idle_utilization_pct)
@@ -285,26 +284,34 @@ def usage_report(
 
     per_user: dict[int, _Tally] = {u.id: _Tally() for u in users}
     counts: dict[int, int] = defaultdict(int)
+    checkins = {u.id: report_counts.CheckinFigures() for u in users}
     rows: list[ReservationUsage] = []
     for r in reservations:
         a, b = max(r.start_at, start), min(r.end_at, until)
         entitled = _entitled(r, group_members)
-        tally = _Tally()
+        tally, idle_checked_in = _Tally(), 0.0
         for item in sorted(r.items, key=lambda i: i.device.uuid):
-            tally.add(device_interval_tally(
-                session, device_ids=[item.device_id, *children.get(item.device_id, [])],
-                util_device_id=item.device_id, start=a, end=b, entitled=entitled, threshold_pct=threshold_pct,
-            ))
+            # split at the check-in, so the idle time of a holder who showed up is told apart
+            for lo, hi, checked_in in report_counts.spans(r, a, min(b, item.end_at)):
+                part = device_interval_tally(
+                    session, device_ids=[item.device_id, *children.get(item.device_id, [])],
+                    util_device_id=item.device_id, start=lo, end=hi, entitled=entitled, threshold_pct=threshold_pct,
+                )
+                tally.add(part)
+                idle_checked_in += part.idle if checked_in else 0.0
         per_user[r.user_id].add(tally)
         counts[r.user_id] += 1
+        figures = checkins[r.user_id].add(r, idle_checked_in)
         rows.append(ReservationUsage(
             id=r.id, user=r.user.username, host=r.host.name, devices=sorted(i.device.uuid for i in r.items),
-            start=r.start_at, end=r.end_at, status=r.status, **tally.figures(),
+            start=r.start_at, end=r.end_at, status=r.status, **tally.figures(), **figures,
         ))
 
-    findings = _finding_counts(session, users=users, reservation_ids=[r.id for r in reservations], start=start, until=until)
+    findings = report_counts.finding_counts(session, users=users, reservation_ids=[r.id for r in reservations],
+                                            start=start, until=until)
     user_rows = [
-        UserUsage(user=u.username, reservations=counts[u.id], findings=findings.get(u.id, {}), **per_user[u.id].figures())
+        UserUsage(user=u.username, reservations=counts[u.id], findings=findings.get(u.id, {}), **per_user[u.id].figures(),
+                  **checkins[u.id].figures())
         for u in users
     ]
     total = _Tally()
@@ -314,36 +321,10 @@ def usage_report(
     for by_kind in findings.values():
         for k, n in by_kind.items():
             all_findings[k] += n
-    totals = UserUsage(user=name, reservations=len(reservations), findings=dict(all_findings), **total.figures())
+    totals = UserUsage(user=name, reservations=len(reservations), findings=dict(all_findings), **total.figures(),
+                       **report_counts.CheckinFigures.total(checkins.values()).figures())
     return UsageReport(scope=scope, name=name, start=start, end=end, until=until, threshold_pct=threshold_pct,
                        totals=totals, users=user_rows, reservations=rows)
-
-
-def _finding_counts(
-    session: Session, *, users: list[User], reservation_ids: list[int], start: datetime, until: datetime
-) -> dict[int, dict[str, int]]:
-    """Findings seen in ``[start, until)`` per user id and kind: the user's own processes,
-    plus ``idle`` findings about the user's reservations."""
-    if not users:
-        return {}
-    by_unix = {u.unix_name: u.id for u in users}
-    cond = Finding.unix_user.in_(list(by_unix))
-    if reservation_ids:
-        cond = or_(cond, and_(Finding.kind == "idle", Finding.reservation_id.in_(reservation_ids)))
-    owner_of = {}
-    if reservation_ids:
-        owner_of = dict(session.execute(
-            select(Reservation.id, Reservation.user_id).where(Reservation.id.in_(reservation_ids))
-        ).all())
-    out: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for unix_user, kind, rid in session.execute(
-        select(Finding.unix_user, Finding.kind, Finding.reservation_id)
-        .where(cond, Finding.first_seen_at < until, Finding.last_seen_at >= start)
-    ):
-        uid = owner_of[rid] if kind == "idle" and rid in owner_of else by_unix.get(unix_user)
-        if uid is not None:
-            out[uid][kind] += 1
-    return {uid: dict(kinds) for uid, kinds in out.items()}
 
 
 # ---------------------------------------------------------------------------- retention

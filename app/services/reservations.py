@@ -58,6 +58,18 @@ def cuda_visible_devices(r: Reservation) -> str:
     return ",".join(d.uuid for d in devices_sorted(r))
 
 
+def checkin_question(r: Reservation, now: datetime) -> str | None:
+    """What the holder of ``r`` is asked at ``now``: ``"checkin"`` (warned, no check-in yet),
+    ``"idle"`` (still using it?) or ``None``. The sweep that asks is :mod:`app.services.checkin_sweep`."""
+    if lifecycle.phase(r, now) != lifecycle.Phase.ACTIVE:
+        return None
+    if r.checkin_warned_at is not None and r.checked_in_at is None and r.checkin_kept_at is None:
+        return "checkin"
+    if r.idle_asked_at is not None and r.idle_kept_at is None:
+        return "idle"
+    return None
+
+
 def share_names(r: Reservation) -> list[str]:
     return sorted(
         (s.user.username if s.user is not None else f"group:{s.group.name}") for s in r.shares if (s.user or s.group)
@@ -86,6 +98,9 @@ def to_read(r: Reservation, now: datetime | None = None) -> ReservationRead:
         created_at=r.created_at,
         override_reason=r.override_reason,
         kind=r.kind or "booking",
+        checked_in_at=r.checked_in_at,
+        question=checkin_question(r, now),
+        auto_release=r.auto_release,
     )
 
 
@@ -252,7 +267,7 @@ def update_reservation(
         if new_end <= now and state == "active":
             raise InvalidInput("end: must be in the future; use release to end it now", field="end")
         if new_end != r.end_at:
-            devices = [i.device for i in r.items]
+            devices = [i.device for i in r.items if i.end_at >= r.end_at]  # not those released early
             if new_end > r.end_at and find_conflicts(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id):
                 raise conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id, tz=settings.tz)
             rules_service.validate_reservation(
@@ -271,9 +286,10 @@ def update_reservation(
             old_end = r.end_at
 
             def extend() -> None:
-                r.end_at = new_end
                 for i in r.items:
-                    i.end_at = new_end
+                    if i.end_at >= r.end_at:  # a device released early stays released
+                        i.end_at = new_end
+                r.end_at = new_end
 
             session.flush()
             write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id, tz=settings.tz)
@@ -302,6 +318,14 @@ def end_reservation(
     now = now or utcnow()
     r, _, after = lifecycle.begin(session, reservation_id=reservation_id, action=_end_action, now=now, tz=tz,
                                   load=lambda s, rid: _can_modify(actor, load_locked(s, rid)))
+    return apply_end(session, r, after, now=now, actor=f"user:{actor.username}")
+
+
+def apply_end(session: Session, r: Reservation, after: lifecycle.Status, *, now: datetime, actor: str,
+              detail: dict | None = None) -> Reservation:
+    """Store the end that :func:`app.services.lifecycle.begin` allowed (``after``: cancelled,
+    or released with ``end = now``), audited as ``actor`` (``user:<name>`` or ``system``) with
+    ``detail``, and tell the slot-freed listeners. The caller holds the row lock."""
     r.status = after
     if after == lifecycle.Status.CANCELLED:
         r.cancelled_at = now
@@ -311,11 +335,11 @@ def end_reservation(
     else:
         r.end_at = max(now, r.start_at + timedelta(microseconds=1))
         for i in r.items:
-            i.end_at = r.end_at
+            i.end_at = min(i.end_at, r.end_at)  # devices released earlier keep their earlier end
         action = "reservation.release"
     r.sequence += 1
     r.updated_at = now
-    session.add(AuditLog(actor=f"user:{actor.username}", action=action, target=f"reservation:{r.id}"))
+    session.add(AuditLog(actor=actor, action=action, target=f"reservation:{r.id}", detail=detail))
     on_slot_freed(session, r)
     return _flushed(session, r)
 

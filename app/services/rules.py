@@ -73,7 +73,15 @@ LIST_LIMITS = ("allowed_hosts", "allowed_models")
 # group value is the more generous); :mod:`app.services.approvals` applies them.
 APPROVAL_FIELDS = ("approval_above_devices", "approval_above_seconds", "approval_above_ahead_seconds",
                    "approval_above_gpu_hours")
-LIMIT_FIELDS = NUMERIC_LIMITS + LIST_LIMITS + APPROVAL_FIELDS
+# Check-in and idle-holder settings (resolved like the limits; applied by app.services.checkin):
+# minutes, a percent and the silence policy. Unset: no check-in, no idle question.
+CHECKIN_FIELDS = ("checkin_minutes", "checkin_min_booking_minutes", "checkin_grace_minutes", "idle_below_percent",
+                  "idle_after_minutes", "idle_grace_minutes", "idle_silence")
+IDLE_SILENCES = ("nothing", "release_idle_devices", "release")  # the most generous first
+LIMIT_FIELDS = NUMERIC_LIMITS + LIST_LIMITS + APPROVAL_FIELDS + CHECKIN_FIELDS
+# Where the larger value is not the more generous one for a member of several groups: a lower
+# idle threshold flags less, and a milder silence policy releases less.
+_GENEROSITY = {"idle_below_percent": lambda v: -v, "idle_silence": lambda v: -IDLE_SILENCES.index(v)}
 SCOPES = ("default", "group", "user")
 
 # pg_advisory_xact_lock keys: namespace in the high 32 bits, the id in the low ones.
@@ -146,7 +154,8 @@ def resolve_limits(session: Session, user: User, *, now: datetime | None = None,
                     best = max(setting, key=lambda r: len(getattr(r, f)))
                     limit = Limit(f, merged, f"group:{group_names.get(best.group_id, best.group_id)}", best.id)
                 else:
-                    best = max(setting, key=lambda r: getattr(r, f))
+                    rank = _GENEROSITY.get(f, lambda v: v)
+                    best = max(setting, key=lambda r: rank(getattr(r, f)))
                     limit = Limit(f, getattr(best, f), f"group:{group_names.get(best.group_id, best.group_id)}", best.id)
             else:
                 for r in reversed(default_rules):

@@ -111,11 +111,12 @@ def install_page_error_handlers(app: FastAPI) -> None:
 
 def install(app: FastAPI) -> None:
     """Add the page routers, the cookie resolver for the API and the page error handlers."""
-    from app.web import (admin, approvals, auth, book, findings, mine, notify, now, oidc, profile, reports, timeline,
-                         waitlist)
+    from app.web import (admin, answer, approvals, auth, book, findings, mine, notify, now, oidc, profile, reports,
+                         timeline, waitlist)
 
     for router in (auth.router, oidc.router, now.router, timeline.router, book.router, mine.router, findings.router,
-                   admin.router, profile.router, notify.router, reports.router, approvals.router, waitlist.router):
+                   admin.router, profile.router, notify.router, reports.router, approvals.router, waitlist.router,
+                   answer.router):
         app.include_router(router)
     app.state.cookie_user_resolver = cookie_user_resolver
     install_page_error_handlers(app)

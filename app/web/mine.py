@@ -19,7 +19,7 @@ from app.config import Settings
 from app.errors import AppError, InvalidInput, ReservationConflict
 from app.models import Device, Reservation, utcnow
 from app.schemas.reservation import ReservationUpdate
-from app.services import occupied
+from app.services import checkin, occupied
 from app.services import reservations as reservation_service
 from app.services import waitlist as waitlist_service
 from app.web.book import conflict_lines, device_names
@@ -85,7 +85,8 @@ def list_page(request: Request, session: Session, viewer: Viewer, settings: Sett
         "cuda": reservation_service.cuda_visible_devices, "refs": lambda r: reservation_service.to_read(r, now).devices,
         "one_hour": timedelta(hours=1), "later": add_capped, "waitlist": list(reversed(entries)),
         "wait_state": lambda e: waitlist_service.state(e, now),
-        "wait_position": waitlist_service.positions(session, entries, now), **extra,
+        "wait_position": waitlist_service.positions(session, entries, now),
+        "question_of": lambda r: reservation_service.checkin_question(r, now), **extra,
     }
     return page(request, "mine.html", ctx, block="reservations", status=status)
 
@@ -100,7 +101,8 @@ def my_reservations_page(
                "waiting": "Added to your waitlist: you are served in turn when devices are freed.",
                "wait-booked": "They were free already: booked for you (see Upcoming).",
                "wait-notified": "They are free already: book them from your waitlist below.",
-               "wait-cancelled": "Waitlist entry cancelled."}
+               "wait-cancelled": "Waitlist entry cancelled.",
+               "kept": "Kept: it is left alone for the rest of its time."}
     return list_page(request, session, viewer, settings, notice=notices.get(done or ""))
 
 
@@ -162,3 +164,16 @@ def extend_reservation(
     except AppError as e:
         return _failed(request, session, viewer, settings, reservation_id, e)
     return RedirectResponse("/me/reservations?done=extended", status_code=303)
+
+
+@router.post("/me/reservations/{reservation_id}/keep")
+def keep_reservation(
+    request: Request, reservation_id: int, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep
+) -> Response:
+    """Answer "keep it" to the no-show warning or the "still using it?" question."""
+    try:
+        checkin.keep(session, actor=f"user:{viewer.user.username}", actor_user=viewer.user, reservation_id=reservation_id,
+                     now=utcnow(), tz=settings.tz, load=reservation_service.load_locked)
+    except AppError as e:
+        return _failed(request, session, viewer, settings, reservation_id, e)
+    return RedirectResponse("/me/reservations?done=kept", status_code=303)

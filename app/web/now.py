@@ -16,7 +16,9 @@ from app.api.deps import SessionDep
 from app.models import utcnow
 from app.models.states import DeviceStatus, HostStatus
 from app.schemas.host import HostRead
+from app.services import checkin
 from app.services import devices as device_service
+from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
 from app.web.deps import PageViewer
 from app.web.render import page
@@ -111,5 +113,8 @@ def now_page(
     page_no = min(page_no, pages)
     poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
     ctx = {"viewer": viewer, "active": "now", "cards": cards, "now": now, "refresh": REFRESH_SECONDS,
-           "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url}
+           "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url,
+           # the viewer's reservations waiting for "keep it" / "release now" (outside the polled block)
+           "asked": checkin.asked(session, user_id=viewer.user.id, now=now),
+           "question_of": lambda r: reservation_service.checkin_question(r, now)}
     return page(request, "now.html", ctx, block="hosts")

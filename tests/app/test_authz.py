@@ -45,6 +45,8 @@ MATRIX = [
     ("PATCH", "/api/v1/reservations/{reservation_id}", _row(401, 200, 403, 200, 403, 403)),
     ("DELETE", "/api/v1/reservations/{reservation_id}", _row(401, 200, 403, 200, 403, 403)),
     ("POST", "/api/v1/reservations/{reservation_id}/release", _row(401, 200, 403, 200, 403, 403)),
+    # nothing is asked about the reservation: its owner and an admin get 409, others 403
+    ("POST", "/api/v1/reservations/{reservation_id}/keep", _row(401, 409, 403, 409, 403, 403)),
     ("POST", "/api/v1/agent/snapshots", _row(401, 403, 403, 403, 200, 403)),
     ("GET", "/api/v1/findings", _row(401, 200, 200, 200, 403, 403)),
     ("GET", "/api/v1/findings/{finding_id}", _row(401, 404, 404, 404, 403, 403)),

@@ -55,6 +55,7 @@ class Lab:
     devices: list[str]
     config_home: Path
     tmp: Path
+    db_url: str = ""
 
     def env(self, token: str | None = None, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUROSTER_")}
@@ -98,7 +99,7 @@ def lab(server, tmp_path):
                    json=snapshot_body("node-01", 1, devices, procs))
     assert r.status_code == 200, r.text
     yield Lab(server.url, tokens["alice"], tokens["bob"], tokens["boss"], [d["uuid"] for d in devices],
-              tmp_path / "config", tmp_path)
+              tmp_path / "config", tmp_path, server.db_url)
     truncate_all(server.db_url)
 
 
@@ -169,6 +170,25 @@ def test_reserve_list_extend_cancel_and_release(lab):
     assert {x["state"] for x in _json(lab.cli("list", "--all", "--json"))} == {"released", "cancelled"}
 
 
+def test_keep_answers_a_no_show_warning_then_has_nothing_to_answer(lab):
+    from sqlalchemy import update
+
+    from app.models import Reservation
+
+    r = _json(lab.cli("reserve", "--for", "2h", "--json"))
+    out = lab.cli("keep", str(r["id"]))
+    assert out.returncode == 3 and "nothing to answer" in out.stderr  # nothing asked yet
+    engine = build_engine(Settings(database_url=lab.db_url))
+    run_in_transaction(build_session_factory(engine), lambda s: s.execute(
+        update(Reservation).where(Reservation.id == r["id"]).values(checkin_warned_at=datetime.now(UTC))))
+    engine.dispose()
+    assert _json(lab.cli("list", "--json"))[0]["question"] == "checkin"
+    out = lab.cli("keep", str(r["id"]))
+    assert out.returncode == 0 and f"#{r['id']} kept until" in out.stdout
+    assert _json(lab.cli("list", "--json"))[0]["question"] is None
+    assert lab.cli("keep", str(r["id"]), token="bob").returncode != 0
+
+
 def test_reserve_at_hh_mm_means_the_next_such_time_in_the_lab_zone(lab):
     now = datetime.now(UTC)
     target = (now + timedelta(hours=3)).astimezone(BERLIN).replace(second=0, microsecond=0)
@@ -218,7 +238,7 @@ def test_exit_codes_conflict_refusal_input_unreachable_not_signed_in_not_found(l
 def test_help_documents_the_exit_codes(lab):
     out = lab.cli("--help", token=None)
     assert out.returncode == 0 and "Exit codes" in out.stdout and "unreachable" in out.stdout
-    for cmd in ("login", "reserve", "list", "cancel", "release", "extend", "status", "env", "run", "usage"):
+    for cmd in ("login", "reserve", "list", "cancel", "release", "extend", "status", "env", "run", "usage", "keep"):
         assert cmd in out.stdout
     assert "conflict" in lab.cli("reserve", "--help", token=None).stdout
 
