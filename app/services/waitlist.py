@@ -190,13 +190,17 @@ def positions(session: Session, entries: list[WaitlistEntry], now: datetime) -> 
     return {e.id: order[e.id] for e in waiting if e.id in order}
 
 
-def lock_entries(session: Session, ids: list[int]) -> None:
+def lock_entries(session: Session, ids: list[int], *, skip_locked: bool = False) -> list[int]:
     """Row locks of the entries ``ids`` in id order (PostgreSQL ``FOR UPDATE``; SQLite's write
     transaction already excludes other writers), so two writers never serve or cancel one
-    entry twice."""
-    if ids and session.get_bind().dialect.name != "sqlite":
-        session.execute(select(WaitlistEntry.id).where(WaitlistEntry.id.in_(sorted(set(ids))))
-                        .order_by(WaitlistEntry.id).with_for_update())
+    entry twice. Returns the ids locked: with ``skip_locked``, entries another transaction
+    holds are left out instead of waited for (that transaction is serving them)."""
+    if not ids:
+        return []
+    if session.get_bind().dialect.name == "sqlite":
+        return sorted(set(ids))
+    return list(session.scalars(select(WaitlistEntry.id).where(WaitlistEntry.id.in_(sorted(set(ids))))
+                                .order_by(WaitlistEntry.id).with_for_update(skip_locked=skip_locked)))
 
 
 def cancel_entry(session: Session, *, actor: User, entry_id: int, now: datetime | None = None,

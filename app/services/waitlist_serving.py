@@ -8,9 +8,13 @@ When
     slot is complete: a maintenance with override first cuts the reservations in its way
     and then inserts itself, so serving earlier would hand its window to a waiting entry.
     What serving books or tells commits with the change that freed the slot, or not at all.
+    The app's sweep (every :data:`EXPIRE_PERIOD_S` seconds) serves the waiting entries too:
+    a refusal by a rolling quota can pass later, and an entry another process was serving
+    (skipped, see Order) gets its turn.
 
 Order
-    Waiting entries are locked (id order) and tried oldest first (``created_at``, ``id``):
+    Waiting entries are locked (id order; on PostgreSQL those another transaction holds are
+    skipped, never waited for) and tried oldest first (``created_at``, ``id``):
     the first that fits gets the slot. Each try asks placement for the earliest ``count``
     matching devices free for the length at or after ``max(now, window_start)``; it fits
     when that slot ends by ``window_end``.
@@ -100,7 +104,7 @@ def _before_commit(session: Session) -> None:
         log.info("waitlist: served entries %s after reservations %s freed devices", [e.id for e in served], freed)
 
 
-EXPIRE_PERIOD_S = 60.0  # how often entries whose window ended are stored as expired
+EXPIRE_PERIOD_S = 60.0  # how often ended entries are stored as expired and waiting ones served again
 
 
 def expire_ended(session: Session, *, now: datetime, settings: Settings) -> int:
@@ -120,8 +124,8 @@ def expire_ended(session: Session, *, now: datetime, settings: Settings) -> int:
 
 def install(app) -> None:
     """Subscribe :func:`on_slot_freed`, bind the app's settings to its engine once the
-    lifespan has built it, and store the expiry of ended entries every
-    :data:`EXPIRE_PERIOD_S` seconds while the app runs."""
+    lifespan has built it, and every :data:`EXPIRE_PERIOD_S` seconds while the app runs
+    store the expiry of ended entries and serve the waiting ones again."""
     import asyncio
     import contextlib
     from contextlib import asynccontextmanager
@@ -134,8 +138,14 @@ def install(app) -> None:
     inner = app.router.lifespan_context
 
     def expire_once() -> int:
-        return run_in_transaction(app.state.session_factory,
-                                  lambda s: expire_ended(s, now=utcnow(), settings=app.state.settings))
+        def work(s: Session) -> int:
+            now = utcnow()
+            n = expire_ended(s, now=now, settings=app.state.settings)
+            # entries a busy server skipped, or that a rule refused earlier (a rolling quota
+            # frees up with time), get another turn every period
+            serve(s, settings=app.state.settings, now=now)
+            return n
+        return run_in_transaction(app.state.session_factory, work)
 
     async def loop() -> None:
         while True:
@@ -172,7 +182,13 @@ def _waiting(session: Session, only: list[int] | None) -> list[WaitlistEntry]:
     ids = list(session.scalars(q))
     if not ids:
         return []
-    lock_entries(session, ids)
+    # Serving runs inside transactions that may already hold GPU write locks (a maintenance
+    # override, a booking that expired a pending); waiting here for entries another server is
+    # serving, while that server waits for those GPUs, would deadlock. Skip them instead: the
+    # other server serves them, and the periodic round retries whatever is still waiting.
+    ids = lock_entries(session, ids, skip_locked=True)
+    if not ids:
+        return []
     return list(session.scalars(
         select(WaitlistEntry).where(WaitlistEntry.id.in_(ids), WaitlistEntry.status == WaitlistStatus.WAITING)
         .options(selectinload(WaitlistEntry.user)).order_by(WaitlistEntry.created_at, WaitlistEntry.id)
