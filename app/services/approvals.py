@@ -130,7 +130,7 @@ def decide(session: Session, *, actor: User, reservation_id: int, approve: bool,
     verb = "approved" if approve else "denied"
     text = f"Your reservation {r.id} on {r.host.name} ({when}) was {verb} by {actor.username}"
     text += f": {reason}" if reason else "."
-    holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} {verb}",
+    holder_notices.tell(session, kind="approvals", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} {verb}",
                         text=text, settings=settings, actor=f"user:{actor.username}")
     if not approve:
         on_slot_freed(session, r)
@@ -160,7 +160,7 @@ def expire_due(session: Session, *, now: datetime, settings: Settings, load, ids
             i.active = False
         session.add(AuditLog(actor="system", action="reservation.expire", target=f"reservation:{r.id}",
                              detail={"start": r.start_at.isoformat()}))
-        holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} expired",
+        holder_notices.tell(session, kind="approvals", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} expired",
                             text=(f"Your reservation {r.id} on {r.host.name} reached its start "
                                   f"{fmt_local(r.start_at, settings.tz)} without approval and expired."),
                             settings=settings, actor="system")

@@ -168,7 +168,7 @@ def decide(session: Session, *, actor: User, boost_id: int, approve: bool, reaso
     what = f"{b.limit_name} to {fmt_value(b.limit_name, b.value)} until {fmt_local(b.ends_at, tz)}"
     text = f"Your quota boost {b.id} ({what}) was {verb} by {actor.username}"
     text += f": {b.decision_reason}" if b.decision_reason else "."
-    holder_notices.tell(session, user=b.user, reservation_id=None, boost_id=b.id,
+    holder_notices.tell(session, kind="approvals", user=b.user, reservation_id=None, boost_id=b.id,
                         subject=f"[gpuroster] quota boost {b.id} {verb}", text=text, settings=settings,
                         actor=f"user:{actor.username}")
     session.flush()

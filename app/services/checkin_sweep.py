@@ -98,7 +98,7 @@ def _release(session: Session, r: Reservation, *, reason: str, why: str, now: da
     r.auto_release = reason
     apply_end(session, r, after, now=now, actor="system", detail={"reason": why})
     checkin.close(session, r, kind, FindingState.TERMINATED, now=now, message=f"released: {why}")
-    holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} released",
+    holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} released",
                         text=f"Your reservation {r.id} on {r.host.name} was released at "
                              f"{fmt_local(now, settings.tz)}: {why}.", settings=settings, actor="system")
     return True
@@ -125,7 +125,7 @@ def _release_devices(session: Session, r: Reservation, device_ids: list[int], *,
                          detail={"devices": sorted(uuids), "reason": "idle, no answer"}))
     checkin.close(session, r, FindingKind.IDLE_HOLDER, FindingState.TERMINATED, now=now,
                   message=f"idle devices released: {', '.join(sorted(uuids))}")
-    holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id}: idle GPUs released",
+    holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id}: idle GPUs released",
                         text=f"No answer about idle GPUs: {', '.join(sorted(uuids))} of reservation {r.id} on "
                              f"{r.host.name} were released at {fmt_local(now, settings.tz)}; the others stay yours.",
                         settings=settings, actor="system")
@@ -162,7 +162,7 @@ def _no_show(session: Session, r: Reservation, rules: checkin.CheckinRules, *, n
                 f"it is released at {fmt_local(now + grace, settings.tz)}." + _links(settings, r))
         checkin.record(session, r, FindingKind.NO_SHOW, FindingState.NOTIFIED, now=now,
                        message=f"no check-in {rules.checkin_minutes} min after the start; holder warned")
-        holder_notices.tell(session, user=r.user, reservation_id=r.id,
+        holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id,
                             subject=f"[gpuroster] reservation {r.id}: no check-in yet, keep it?", text=text,
                             settings=settings, actor="system")
         out.warned.append(r.id)
@@ -198,7 +198,7 @@ def _idle(session: Session, r: Reservation, rules: checkin.CheckinRules, *, now:
                 + _links(settings, r))
         checkin.record(session, r, FindingKind.IDLE_HOLDER, FindingState.NOTIFIED, now=now,
                        message=f"idle: {names}; holder asked")
-        holder_notices.tell(session, user=r.user, reservation_id=r.id,
+        holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id,
                             subject=f"[gpuroster] reservation {r.id}: still using it?", text=text, settings=settings,
                             actor="system")
         out.asked.append(r.id)

@@ -1,11 +1,14 @@
-"""Telling a reservation's holder that someone else changed it: approved, denied, expired,
-cancelled or shortened by a maintenance.
+"""Telling a user about their reservations, boosts and waitlist entries: approved, denied,
+expired, cancelled or shortened by a maintenance, checked for a no-show or an idle holder,
+on a quarantined device, booked from the waitlist.
 
 Each message is recorded in the audit log (``notice.reservation``, target ``user:<name>``,
-with the text), which the holder's reservations page links, and e-mailed after the commit through
-the same SMTP sender as finding notices (:mod:`app.services.notices`) when
-``settings.smtp_host`` is set and the holder has an address. A rolled-back change sends
-nothing; a failed e-mail is logged, never fails the change.
+with the text), which the holder's reservations page links. After the commit it is e-mailed
+through the same SMTP sender as finding notices (:mod:`app.services.notices`) when
+``settings.smtp_host`` is set and the user has an address, and sent to the user's own
+notification URLs (apprise, escaped per channel by :mod:`app.services.channels`). A notice
+of a kind the user turned off (``NOTICE_KINDS``) is recorded but neither e-mailed nor sent.
+A rolled-back change sends nothing; a failed delivery is logged, never fails the change.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.models import AuditLog, User
+from app.models import NOTICE_KINDS, AuditLog, NotifyTarget, User
 from app.sanitize import email_header
-from app.services import notices
+from app.services import channels, notices
 
 log = logging.getLogger(__name__)
 _KEY = "gpuroster.holder_mail"
@@ -27,23 +30,37 @@ _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuroster-hold
 
 
 def tell(session: Session, *, user: User, reservation_id: int | None, subject: str, text: str, settings: Settings,
-         actor: str, boost_id: int | None = None) -> AuditLog:
+         actor: str, boost_id: int | None = None, kind: str | None = None) -> AuditLog:
     """Record ``text`` for ``user`` about reservation ``reservation_id``, or with
     ``reservation_id=None`` about quota boost ``boost_id``, or about no one reservation or
     boost when both are ``None`` (an admin told of a quarantined device, a free slot a waitlist
-    entry waited for); ``actor`` is
-    ``user:<name>`` or ``system``. Queues its e-mail for after the commit; returns the audit
-    row."""
-    mail = "queued" if settings.smtp_host and user.email else ("no address" if settings.smtp_host else "no SMTP")
+    entry waited for); ``actor`` is ``user:<name>`` or ``system``.
+
+    ``kind`` (one of ``NOTICE_KINDS``; ``None``: always delivered, e.g. an admin's
+    maintenance cutting the booking) is checked against the user's choices. Queues the
+    e-mail and the user's own notification URLs for after the commit; returns the audit row
+    (its ``detail`` says what was queued: ``email``, ``chats``)."""
+    if kind is not None and kind not in NOTICE_KINDS:
+        raise ValueError(f"not a notice kind: {kind!r}")
+    wanted = kind is None or bool(channels.wanting(session, [user], kind))
     about: dict = ({"reservation": reservation_id} if reservation_id is not None
                    else {"boost": boost_id} if boost_id is not None else {"reservation": None})
-    row = AuditLog(actor=actor, action="notice.reservation", target=f"user:{user.username}",
-                   detail={**about, "subject": subject, "text": text, "email": mail})
-    session.add(row)
     page = "/reports/usage" if reservation_id is None and boost_id is not None else "/me/reservations"
+    body = f"{text}\n\n{settings.base_url.rstrip('/')}{page}\n"
+    if not wanted:
+        mail, chats = "not wanted", []
+    else:
+        mail = "queued" if settings.smtp_host and user.email else ("no address" if settings.smtp_host else "no SMTP")
+        chats = list(session.scalars(select(NotifyTarget).where(NotifyTarget.user_id == user.id).order_by(NotifyTarget.id)))
+    row = AuditLog(actor=actor, action="notice.reservation", target=f"user:{user.username}",
+                   detail={**about, "subject": subject, "text": text, "email": mail, "chats": len(chats),
+                           **({"kind": kind} if kind else {})})
+    session.add(row)
     if mail == "queued":
-        _after_commit(session, settings, notices.Outgoing(0, "email", user.email or "", email_header(subject),
-                                                          f"{text}\n\n{settings.base_url.rstrip('/')}{page}\n"))
+        _after_commit(session, settings, notices.Outgoing(0, "email", user.email or "", email_header(subject), body))
+    for t in chats:
+        _after_commit(session, settings, notices.Outgoing(0, "chat", t.label or channels.redact(t.url), subject, body,
+                                                          target=t.url))
     return row
 
 
@@ -66,10 +83,13 @@ def _after_commit(session: Session, settings: Settings, item: notices.Outgoing) 
 
 
 def _send(items: list[notices.Outgoing], settings: Settings) -> None:
-    notices._send_emails(items, settings)  # noqa: SLF001 - one SMTP sender for every notice
+    notices._send_emails([it for it in items if it.channel == "email"], settings)  # noqa: SLF001 - one SMTP sender
     for it in items:
+        if it.channel == "chat":
+            sent = channels.send(it.target or "", title=it.subject, body=it.body)
+            it.status, it.detail = ("sent" if sent.ok else "failed"), sent.detail
         if it.status != "sent":
-            log.warning("reservation notice to %s not sent: %s", it.recipient, it.detail)
+            log.warning("%s notice to %s not sent: %s", it.channel, it.recipient, it.detail)
 
 
 def told(session: Session, username: str, limit: int = 20) -> list[AuditLog]:

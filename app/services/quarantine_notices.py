@@ -62,7 +62,7 @@ def tell_opened(session: Session, *, host: Host, device: Device, quarantine: Dev
             offer = "No equivalent device is free for that time; the admins have been told."
         text = (f"{label} was quarantined at {fmt_local(quarantine.started_at, tz)}: {quarantine.reason}. "
                 f"Your reservation {r.id} ({fmt_local(r.start_at, tz)} – {fmt_local(r.end_at, tz)}) uses it. {offer}")
-        holder_notices.tell(session, user=r.user, reservation_id=r.id,
+        holder_notices.tell(session, kind="quarantine", user=r.user, reservation_id=r.id,
                             subject=f"[gpuroster] device of reservation {r.id} quarantined", text=text,
                             settings=settings, actor=f"host:{host.name}")
         told.append(f"{r.user.username} (reservation {r.id})")
@@ -70,7 +70,7 @@ def tell_opened(session: Session, *, host: Host, device: Device, quarantine: Dev
     holders = ", ".join(told) if told else "no current or upcoming reservation"
     for admin in admins:
         holder_notices.tell(
-            session, user=admin, reservation_id=None, subject=f"[gpuroster] {device.uuid} quarantined",
+            session, kind="quarantine", user=admin, reservation_id=None, subject=f"[gpuroster] {device.uuid} quarantined",
             text=(f"{label} was quarantined at {fmt_local(quarantine.started_at, tz)}: {quarantine.reason}. "
                   f"Told: {holders}. Clear it on the admin page or with "
                   f"'gpuroster admin clear-quarantine {device.uuid}' once the device is repaired."),

@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.config import Settings
 from app.errors import AppError
-from app.models import AuditLog, NoticePreference, Reservation, WaitlistEntry, utcnow
+from app.models import AuditLog, Reservation, WaitlistEntry, utcnow
 from app.models.states import WaitlistStatus
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import holder_notices, placement
@@ -284,21 +284,12 @@ def _book(session: Session, e: WaitlistEntry, slot: placement.Slot, *, settings:
                          detail={"reservation": r.id}))
     when = f"{fmt_local(r.start_at, settings.tz)} – {fmt_local(r.end_at, settings.tz)}"
     pending = " It awaits approval." if r.status == "pending" else ""
-    if wants_notices(session, e.user_id):
-        holder_notices.tell(
-            session, user=e.user, reservation_id=r.id, subject=f"[gpuroster] waitlist: reservation {r.id} booked",
-            text=(f"Your waitlist entry {e.id} booked reservation {r.id}: {len(r.items)} device(s) on {r.host.name}, "
-                  f"{when}.{pending} CUDA_VISIBLE_DEVICES={reservation_service.cuda_visible_devices(r)}"),
-            settings=settings, actor="system")
+    holder_notices.tell(
+        session, kind="waitlist", user=e.user, reservation_id=r.id, subject=f"[gpuroster] waitlist: reservation {r.id} booked",
+        text=(f"Your waitlist entry {e.id} booked reservation {r.id}: {len(r.items)} device(s) on {r.host.name}, "
+              f"{when}.{pending} CUDA_VISIBLE_DEVICES={reservation_service.cuda_visible_devices(r)}"),
+        settings=settings, actor="system")
     return True
-
-
-def wants_notices(session: Session, user_id: int) -> bool:
-    """False when the user turned the ``waitlist`` notice kind off (profile page); what was
-    booked or found free is still in the audit log and on their waitlist."""
-    off = session.scalar(select(NoticePreference.enabled).where(NoticePreference.user_id == user_id,
-                                                                 NoticePreference.kind == "waitlist"))
-    return off is not False
 
 
 class _OutsideWindow(Exception):
@@ -323,13 +314,12 @@ def _notify(session: Session, e: WaitlistEntry, slot: placement.Slot, *, setting
     e.served_at = e.updated_at = now
     session.add(AuditLog(actor="system", action="waitlist.notify", target=f"waitlist:{e.id}",
                          detail={"host": slot.host.name, "start": slot.start.isoformat()}))
-    if wants_notices(session, e.user_id):
-        holder_notices.tell(
-            session, user=e.user, reservation_id=None, subject=f"[gpuroster] waitlist: {e.count} device(s) free",
-            text=(f"Your waitlist entry {e.id}: {e.count} device(s) on {slot.host.name} are free for "
-                  f"{fmt_duration(e.seconds)} from {fmt_local(slot.start, settings.tz)}. Nothing is held for you; "
-                  f"book it: {book_link(e, slot, settings)}"),
-            settings=settings, actor="system")
+    holder_notices.tell(
+        session, kind="waitlist", user=e.user, reservation_id=None, subject=f"[gpuroster] waitlist: {e.count} device(s) free",
+        text=(f"Your waitlist entry {e.id}: {e.count} device(s) on {slot.host.name} are free for "
+              f"{fmt_duration(e.seconds)} from {fmt_local(slot.start, settings.tz)}. Nothing is held for you; "
+              f"book it: {book_link(e, slot, settings)}"),
+        settings=settings, actor="system")
 
 
 def _expire(session: Session, e: WaitlistEntry, *, now: datetime, settings: Settings) -> None:
@@ -339,4 +329,4 @@ def _expire(session: Session, e: WaitlistEntry, *, now: datetime, settings: Sett
                          detail={"window_end": e.window_end.isoformat()}))
 
 
-__all__ = ["bind_settings", "book_link", "expire_ended", "install", "on_slot_freed", "serve", "wants_notices"]
+__all__ = ["bind_settings", "book_link", "expire_ended", "install", "on_slot_freed", "serve"]
