@@ -16,6 +16,7 @@ overlap (seconds) is counted as
   history was pruned), so an outage is never blamed on the holder.
 
 ``reserved = used + idle + unmonitored`` holds exactly, in seconds, for every reservation.
+Quarantined time and the per-host rows are :mod:`app.services.report_hosts`.
 
 History is kept for ``settings.rollup_retention_days``: :func:`prune_history` deletes older
 rollups (and old idempotency keys, :func:`app.services.ingest.prune`) at most once per
