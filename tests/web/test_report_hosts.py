@@ -143,3 +143,14 @@ def test_usage_page_shows_the_per_host_table_and_quarantine_totals(weblab, scene
     assert "2.00 h (1 quarantine)" in node2
     assert 'data-k="quarantined_device_hours">5.00 h' in html and 'data-k="quarantined">2.00 h' in html
     assert "by=host" in html and "by=user" in html and "<script" not in html.split('id="per-host"', 1)[1]
+
+
+def test_overlapping_quarantines_of_a_mig_instance_and_its_gpu_count_once():
+    from app.services.report_hosts import overlap_seconds
+
+    t = datetime(2026, 11, 2, 8, tzinfo=UTC)
+    h = timedelta(hours=1)
+    own, gpus = (t + h, t + 3 * h), (t + 2 * h, t + 5 * h)  # the instance's own quarantine and its GPU's
+    assert overlap_seconds([own, gpus], t, t + 4 * h) == 3 * 3600  # 09:00-12:00, clipped at 12:00
+    assert overlap_seconds([gpus, own], t + 6 * h, t + 7 * h) == 0
+    assert overlap_seconds([], t, t + h) == 0 and overlap_seconds([own], t + 2 * h, t + 2 * h) == 0
