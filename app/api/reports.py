@@ -4,8 +4,9 @@
 Both take ``user=`` or ``group=`` (default: the caller), ``from=`` and ``to=`` (dates in the
 lab's time zone or ISO 8601 instants; default: the current month) and ``threshold=`` (mean
 utilization in percent from which a minute with the holder's process counts as used;
-default 5); the CSV also ``by=`` (``reservation``, ``user`` or ``host``). Any signed-in lab member may read any report: who booked what and how much of
-it was used is as open as the Now page.
+default 5); the CSV also ``by=`` (``reservation``, ``user`` or ``host``: what a row is).
+Any signed-in lab member may read any report: who booked what and how much of it was used
+is as open as the Now page.
 
 :func:`install` mounts the route and adds the history pruner to the app's lifespan: every
 process wakes up hourly (the first time ``PRUNE_FIRST_DELAY_S`` after start) and calls

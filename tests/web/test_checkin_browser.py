@@ -94,7 +94,8 @@ def test_now_shows_the_questions_on_desktop_and_phone_and_keep_answers(live):
         assert sick.count() == 1 and sick.is_visible() and "XID 79 error" in sick.inner_text()
         # its stripe is the alarm colour, not the green of the free GPU below it
         stripe = "e => getComputedStyle(e).borderLeftColor"
-        sick_row, free_row = page.locator("article.dev[data-quarantined]"), page.locator('article.dev[data-status="free"]:not([data-quarantined])')
+        sick_row = page.locator("article.dev[data-quarantined]")
+        free_row = page.locator('article.dev[data-status="free"]:not([data-quarantined])')
         assert sick_row.count() == 1 and sick_row.get_by_text("quarantined", exact=True).is_visible()
         assert sick_row.evaluate(stripe) != free_row.first.evaluate(stripe)
         page.screenshot(path=str(out / "checkin-now-desktop.png"), full_page=True)
