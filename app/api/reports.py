@@ -4,8 +4,9 @@
 Both take ``user=`` or ``group=`` (default: the caller), ``from=`` and ``to=`` (dates in the
 lab's time zone or ISO 8601 instants; default: the current month) and ``threshold=`` (mean
 utilization in percent from which a minute with the holder's process counts as used;
-default 5). Any signed-in lab member may read any report: who booked what and how much of
-it was used is as open as the Now page.
+default 5); the CSV also ``by=`` (``reservation``, ``user`` or ``host``: what a row is).
+Any signed-in lab member may read any report: who booked what and how much of it was used
+is as open as the Now page.
 
 :func:`install` mounts the route and adds the history pruner to the app's lifespan: every
 process wakes up hourly (the first time ``PRUNE_FIRST_DELAY_S`` after start) and calls
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Response
 from starlette.concurrency import run_in_threadpool
@@ -41,6 +42,8 @@ UserQ = Annotated[str | None, Query(max_length=64, description="username (defaul
 GroupQ = Annotated[str | None, Query(max_length=64, description="group name")]
 FromQ = Annotated[str | None, Query(alias="from", max_length=64, description="period start: YYYY-MM-DD (lab zone) or ISO 8601")]
 ToQ = Annotated[str | None, Query(max_length=64, description="period end, exclusive: YYYY-MM-DD (lab zone) or ISO 8601")]
+ByQ = Annotated[Literal["reservation", "user", "host"],
+                Query(description="CSV rows: one per reservation, per user (and a total row), or per host")]
 ThresholdQ = Annotated[float, Query(ge=0, le=100, description="utilization % from which the holder's minute counts as used")]
 
 
@@ -60,17 +63,17 @@ def usage(caller: CurrentUser, session: SessionDep, settings: SettingsDep, user:
                                                                        422: {}})
 def usage_csv(caller: CurrentUser, session: SessionDep, settings: SettingsDep, user: UserQ = None,
               group: GroupQ = None, from_: FromQ = None, to: ToQ = None,
-              threshold: ThresholdQ = report_service.DEFAULT_THRESHOLD_PCT) -> Response:
-    """The same report's reservations as CSV, for a spreadsheet (cells that look like
-    formulas are quoted as text)."""
+              threshold: ThresholdQ = report_service.DEFAULT_THRESHOLD_PCT, by: ByQ = "reservation") -> Response:
+    """The same report as CSV for a spreadsheet, one row per reservation, user or host
+    (``by``); cells that look like formulas are quoted as text."""
     from app.services.report_csv import usage_csv as to_csv
 
     report = report_service.report_for_request(
         session, tz=settings.tz, viewer_name=caller.username, user=user or None, group=group or None,
         start=from_, end=to, threshold_pct=threshold, now=utcnow(),
     )
-    return Response(to_csv(report), media_type="text/csv; charset=utf-8",
-                    headers={"Content-Disposition": f'attachment; filename="usage-{report.scope}.csv"'})
+    return Response(to_csv(report, by), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="usage-{report.scope}-by-{by}.csv"'})
 
 
 def prune_once(app: FastAPI) -> bool:

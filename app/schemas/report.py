@@ -34,6 +34,8 @@ class UserUsage(UsageFigures):
     consent_releases: int = Field(default=0, description="reservations released (all or some devices) after "
                                                          "\"still using it?\": by silence or by the holder")
     checked_in_idle_gpu_hours: float = Field(default=0.0, description="idle GPU-hours after the holder checked in")
+    quarantined_gpu_hours: float = Field(default=0.0, description="reserved GPU-hours while the device (or a MIG "
+                                                                  "instance's GPU) was quarantined")
 
 
 class ReservationUsage(UsageFigures):
@@ -47,6 +49,21 @@ class ReservationUsage(UsageFigures):
     checked_in_at: datetime | None = Field(default=None, description="first holder process on its devices")
     auto_release: str | None = Field(default=None, description="no_show | idle | idle_devices | idle_consent")
     checked_in_idle_gpu_hours: float = Field(default=0.0, description="idle GPU-hours after the check-in")
+    quarantined_gpu_hours: float = Field(default=0.0, description="reserved GPU-hours while the device was quarantined")
+
+
+class HostUsage(UsageFigures):
+    """One host: the scope's reservations on it, and the host's quarantine time (all users)."""
+
+    host: str
+    reservations: int = Field(description="the scope's reservations on the host overlapping the period")
+    no_shows: int = Field(default=0, description="the scope's reservations on the host released for want of a check-in")
+    consent_releases: int = Field(default=0, description="the scope's releases on the host after \"still using it?\"")
+    checked_in_idle_gpu_hours: float = Field(default=0.0, description="the scope's idle GPU-hours after check-in")
+    quarantined_gpu_hours: float = Field(default=0.0, description="the scope's reserved GPU-hours on quarantined devices")
+    quarantined_device_hours: float = Field(default=0.0, description="hours any device of the host was quarantined in "
+                                                                     "the period, summed over devices, whoever booked")
+    quarantines: int = Field(default=0, description="quarantines of the host's devices overlapping the period")
 
 
 class UsageReport(BaseModel):
@@ -61,3 +78,6 @@ class UsageReport(BaseModel):
     totals: UserUsage = Field(description="the sum over users (user: the scope's name)")
     users: list[UserUsage]
     reservations: list[ReservationUsage]
+    hosts: list[HostUsage] = Field(default_factory=list, description="per host: the scope's reservations there, and "
+                                   "every host with quarantined time in the period")
+    quarantined_device_hours: float = Field(default=0.0, description="quarantined device-hours of all hosts in the period")

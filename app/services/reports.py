@@ -16,6 +16,7 @@ overlap (seconds) is counted as
   history was pruned), so an outage is never blamed on the holder.
 
 ``reserved = used + idle + unmonitored`` holds exactly, in seconds, for every reservation.
+Quarantined time and the per-host rows are :mod:`app.services.report_hosts`.
 
 History is kept for ``settings.rollup_retention_days``: :func:`prune_history` deletes older
 rollups (and old idempotency keys, :func:`app.services.ingest.prune`) at most once per
@@ -50,7 +51,7 @@ from app.models import (
 )
 from app.models.states import FindingKind
 from app.schemas.report import ReservationUsage, UsageReport, UserUsage
-from app.services import ingest, report_counts
+from app.services import ingest, report_counts, report_hosts
 from app.timeutil import parse_instant
 
 DEFAULT_THRESHOLD_PCT = 5.0  # the agent's default idle threshold (HostPolicy.idle_utilization_pct)
@@ -151,6 +152,10 @@ class _Minute:
     util_sum: float = 0.0
     util_samples: int = 0
     users: set[str] = field(default_factory=set)
+
+
+def _hours(seconds: float) -> float:
+    return round(seconds / 3600, 4)
 
 
 def _floor_minute(t: datetime) -> datetime:
@@ -285,12 +290,18 @@ def usage_report(
     per_user: dict[int, _Tally] = {u.id: _Tally() for u in users}
     counts: dict[int, int] = defaultdict(int)
     checkins = {u.id: report_counts.CheckinFigures() for u in users}
+    quarantined_s: dict[int, float] = defaultdict(float)
+    q_spans, _ = report_hosts.quarantine_spans(session, start=start, until=until, device_ids={
+        d for r in reservations for i in r.items for d in (i.device_id, i.device.parent_id)})
+    hosts = report_hosts.HostRows(_Tally)
     rows: list[ReservationUsage] = []
     for r in reservations:
         a, b = max(r.start_at, start), min(r.end_at, until)
         entitled = _entitled(r, group_members)
-        tally, idle_checked_in = _Tally(), 0.0
+        tally, idle_checked_in, r_quarantined = _Tally(), 0.0, 0.0
         for item in sorted(r.items, key=lambda i: i.device.uuid):
+            r_quarantined += report_hosts.overlap_seconds(
+                [*q_spans.get(item.device_id, ()), *q_spans.get(item.device.parent_id, ())], a, min(b, item.end_at))
             # split at the check-in, so the idle time of a holder who showed up is told apart
             for lo, hi, checked_in in report_counts.spans(r, a, min(b, item.end_at)):
                 part = device_interval_tally(
@@ -301,17 +312,20 @@ def usage_report(
                 idle_checked_in += part.idle if checked_in else 0.0
         per_user[r.user_id].add(tally)
         counts[r.user_id] += 1
+        quarantined_s[r.user_id] += r_quarantined
+        hosts.add(r, tally, idle_checked_in, r_quarantined)
         figures = checkins[r.user_id].add(r, idle_checked_in)
         rows.append(ReservationUsage(
             id=r.id, user=r.user.username, host=r.host.name, devices=sorted(i.device.uuid for i in r.items),
             start=r.start_at, end=r.end_at, status=r.status, **tally.figures(), **figures,
+            quarantined_gpu_hours=_hours(r_quarantined),
         ))
 
     findings = report_counts.finding_counts(session, users=users, reservation_ids=[r.id for r in reservations],
                                             start=start, until=until)
     user_rows = [
         UserUsage(user=u.username, reservations=counts[u.id], findings=findings.get(u.id, {}), **per_user[u.id].figures(),
-                  **checkins[u.id].figures())
+                  **checkins[u.id].figures(), quarantined_gpu_hours=_hours(quarantined_s[u.id]))
         for u in users
     ]
     total = _Tally()
@@ -322,9 +336,12 @@ def usage_report(
         for k, n in by_kind.items():
             all_findings[k] += n
     totals = UserUsage(user=name, reservations=len(reservations), findings=dict(all_findings), **total.figures(),
-                       **report_counts.CheckinFigures.total(checkins.values()).figures())
+                       **report_counts.CheckinFigures.total(checkins.values()).figures(),
+                       quarantined_gpu_hours=_hours(sum(quarantined_s.values())))
+    host_rows, lab_quarantined = hosts.rows(session, start=start, until=until)
     return UsageReport(scope=scope, name=name, start=start, end=end, until=until, threshold_pct=threshold_pct,
-                       totals=totals, users=user_rows, reservations=rows)
+                       totals=totals, users=user_rows, reservations=rows, hosts=host_rows,
+                       quarantined_device_hours=lab_quarantined)
 
 
 # ---------------------------------------------------------------------------- retention

@@ -1,8 +1,8 @@
-"""Browser test of the check-in questions: real headless Chromium against ``gpuroster serve``
-(SQLite and PostgreSQL). Alice holds one booking warned for no check-in and one asked "still
-using it?"; Now shows both with Keep it / Release now at desktop and phone width (no
-sideways scrolling), "Keep it" answers one. Screenshots go to
-``test-artifacts/screenshots/<database>/checkin-*.png``.
+"""Browser test of the check-in questions and health quarantine on Now: real headless
+Chromium against ``gpuroster serve`` (SQLite and PostgreSQL). Alice holds one booking warned
+for no check-in and one asked "still using it?", and GPU 2 is quarantined after an XID 79;
+Now shows all three at desktop and phone width (no sideways scrolling), "Keep it" answers
+one. Screenshots go to ``test-artifacts/screenshots/<database>/checkin-*.png``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _seed(url: str, env: dict[str, str], db_url: str) -> list[int]:
     alice = run_cli(["admin", "create-token", "alice"], env)
     node = run_cli(["admin", "add-host", "node-01"], env)
     devices = [{"uuid": u, "index": i, "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920,
-                "memory_used_mib": [0, 30000, 0, 0][i], "utilization_gpu": [0, 1, 0, 0][i]} for i, u in enumerate(UUIDS)]
+                "memory_used_mib": [0, 30000, 0, 0][i], "utilization_gpu": [0, 1, 0, 0][i],
+                "health_checks": [{"kind": "xid", "state": "bad" if i == 2 else "ok", **({"value": 79} if i == 2 else {})}]}
+               for i, u in enumerate(UUIDS)]
     procs = [{"device_uuid": UUIDS[1], "pid": 77, "unix_user": "alice", "name": "python", "used_memory_mib": 29800}]
     body = {"host": "node-01", "seq": 1, "collected_at": datetime.now(UTC).isoformat(), "devices": devices,
             "processes": procs, "interval_seconds": 600}
@@ -88,12 +90,21 @@ def test_now_shows_the_questions_on_desktop_and_phone_and_keep_answers(live):
         page.wait_for_url(base + "/")
         assert page.locator(f"#q{warned}").get_by_text("No check-in yet — keep it?").is_visible()
         assert page.locator(f"#q{asked}").get_by_text("Still using it?").is_visible()
+        sick = page.get_by_text("Quarantined since")
+        assert sick.count() == 1 and sick.is_visible() and "XID 79 error" in sick.inner_text()
+        # its stripe is the alarm colour, not the green of the free GPU below it
+        stripe = "e => getComputedStyle(e).borderLeftColor"
+        sick_row = page.locator("article.dev[data-quarantined]")
+        free_row = page.locator('article.dev[data-status="free"]:not([data-quarantined])')
+        assert sick_row.count() == 1 and sick_row.get_by_text("quarantined", exact=True).is_visible()
+        assert sick_row.evaluate(stripe) != free_row.first.evaluate(stripe)
         page.screenshot(path=str(out / "checkin-now-desktop.png"), full_page=True)
         page.set_viewport_size(PHONE)
         page.reload()
         for rid in (warned, asked):
             assert page.locator(f"#q{rid}").get_by_role("button", name="Keep it").is_visible()
             assert page.locator(f"#q{rid}").get_by_role("button", name="Release now").is_visible()
+        assert page.get_by_text("Quarantined since").is_visible()
         assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
         page.screenshot(path=str(out / "checkin-now-phone.png"), full_page=True)
         page.locator(f"#q{warned}").get_by_role("button", name="Keep it").click()
