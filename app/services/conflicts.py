@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, or_, select
@@ -19,6 +20,9 @@ from app.errors import Conflict, InvalidInput, NotFound, ReservationConflict
 from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
 from app.schemas.reservation import ConflictRef
 from app.timeutil import MAX_INSTANT, add_capped, fmt_local
+
+if TYPE_CHECKING:
+    from app.services.plain_holdings import HeldBy
 
 UTC_ZONE = ZoneInfo("UTC")
 
@@ -164,12 +168,35 @@ class Holding:
 
     ``via`` is ``None`` when the reservation names the device itself; otherwise the device
     it names instead: the whole GPU (for a MIG slice) or one of its MIG slices (for a whole
-    GPU). Sibling slices never hold each other.
+    GPU); from :func:`plain_holdings`, that device's id. Sibling slices never hold each other.
     """
 
     device_id: int
-    reservation: Reservation
-    via: Device | None = None
+    reservation: Reservation | HeldBy  # HeldBy: from app.services.plain_holdings
+    via: Device | int | None = None
+
+
+def match_holdings(devices: Sequence, rows: Sequence) -> dict[int, list[Holding]]:
+    """The holder rule on rows already read: device id -> its holdings, in the rows' order.
+
+    ``devices``: anything with ``id`` and ``parent_id``; ``rows``: (device id, physical id,
+    slice kind, reservation, via) per active ``reservation_devices`` row. A row holds a
+    device it names, and a device of the same physical GPU with the other slice kind (a
+    whole GPU and its MIG slices hold each other). Linear in devices plus rows."""
+    by_device: dict[int, list[int]] = {}
+    by_physical: dict[int, list[int]] = {}
+    for pos, row in enumerate(rows):
+        by_device.setdefault(row[0], []).append(pos)
+        by_physical.setdefault(row[1], []).append(pos)
+    out: dict[int, list[Holding]] = {}
+    for d in devices:
+        kind = 1 if d.parent_id else 0
+        hit = set(by_device.get(d.id, ()))
+        hit.update(p for p in by_physical.get(d.parent_id or d.id, ()) if rows[p][2] != kind)
+        if hit:
+            out[d.id] = [Holding(device_id=d.id, reservation=rows[p][3], via=None if rows[p][0] == d.id else rows[p][4])
+                         for p in sorted(hit)]
+    return out
 
 
 def holdings(session: Session, *, devices: Sequence[Device], start: datetime, end: datetime) -> dict[int, list[Holding]]:
@@ -193,17 +220,7 @@ def holdings(session: Session, *, devices: Sequence[Device], start: datetime, en
                  joinedload(ReservationDevice.reservation).joinedload(Reservation.user))
         .order_by(ReservationDevice.start_at, ReservationDevice.reservation_id)
     ).all()
-    out: dict[int, list[Holding]] = {}
-    for d in devices:
-        kind = 1 if d.parent_id else 0
-        found = [
-            Holding(device_id=d.id, reservation=row.reservation, via=None if row.device_id == d.id else row.device)
-            for row in rows
-            if row.device_id == d.id or (row.physical_id == (d.parent_id or d.id) and row.slice_kind != kind)
-        ]
-        if found:
-            out[d.id] = found
-    return out
+    return match_holdings(devices, [(r.device_id, r.physical_id, r.slice_kind, r.reservation, r.device) for r in rows])
 
 
 def holder_at(found: Sequence[Holding], at: datetime) -> Holding | None:
