@@ -68,11 +68,13 @@ class HostNow:
     version: tuple = field(repr=False)  # the snapshot version its devices are cached under
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class DeviceNow:
     """What a device looks like between two snapshots of its host (cached): its columns,
     its name for people (``GPU 0 · MIG 4``), telemetry (``None``: never reported),
-    processes by pid, and the pids of its live findings with their kind."""
+    processes by pid, and the pids of its live findings with their kind. Compared by
+    identity: a new snapshot of its host builds a new one. ``drawn`` holds what pages drew
+    from it (their key -> HTML), so it goes when the state goes."""
 
     device: DeviceInfo
     label: str
@@ -80,7 +82,7 @@ class DeviceNow:
     processes: tuple[Process, ...]
     finding_pids: dict[int, str]
     computing: bool  # a listed process makes it "in use" (devices.process_occupies)
-    key: tuple = field(repr=False)  # everything above, for caches of what is drawn from it
+    drawn: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass(slots=True)
@@ -210,7 +212,6 @@ def read_devices(session: Session, host_ids: list[int]) -> dict[int, list[Device
             rows.append(DeviceNow(
                 device=d, label=label, telemetry=t, processes=plist, finding_pids=found,
                 computing=any(process_occupies(p.unix_user, p.owner_status, p.type) for p in plist),
-                key=(d, label, t, plist, tuple(found.items())),
             ))
         out[host_id] = rows
     return out

@@ -10,9 +10,11 @@ from typing import Annotated
 
 from fastapi import Query, Request
 from fastapi.responses import Response
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep
+from app.config import Settings
 from app.models import utcnow
 from app.models.states import DeviceStatus, HostStatus
 from app.services import devices as device_service
@@ -20,7 +22,7 @@ from app.services import now_state
 from app.services.devices import DeviceView
 from app.services.now_state import DeviceRowNow, HostNow, NowCache
 from app.web.deps import PageViewer
-from app.web.render import page
+from app.web.render import page, templates
 from app.web.routing import page_router
 
 router = page_router()
@@ -57,6 +59,7 @@ class DeviceRow:
     view: DeviceRowNow
     label: str
     badge: str
+    html: Markup | None = None  # the drawn <article> (device_html)
 
 
 @dataclass
@@ -107,6 +110,25 @@ def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int
     return cards, pages
 
 
+DRAWN_PER_DEVICE = 8  # drawings kept per device between two snapshots of its host (status or holder changes)
+
+
+def device_html(row: DeviceRow, *, settings: Settings, now: datetime) -> Markup:
+    """The ``<article>`` of one device (``_now_device.html``), reused from its cached state
+    while its status, holder, next reservation and the lab's date stay the same: times
+    print as a clock time today and with their date on other days, so the date is part
+    of what is reused."""
+    v = row.view
+    key = (v.status, v.holder, v.next_reservation, now.astimezone(settings.tz).date())
+    drawn = v.state.drawn
+    html = drawn.get(key)
+    if html is None:
+        if len(drawn) >= DRAWN_PER_DEVICE:
+            drawn.clear()
+        html = drawn[key] = Markup(templates.get_template("_now_device.html").render(row=row, settings=settings, now=now))
+    return html
+
+
 def now_cache(request: Request) -> NowCache:
     """The application's :class:`~app.services.now_state.NowCache` (one per app, per process)."""
     cache = getattr(request.app.state, "now_cache", None)
@@ -129,6 +151,10 @@ def now_page(
     cards, pages = now_view(session, now=now, page_no=page_no, per_page=None if show_all else HOSTS_PER_PAGE,
                             cache=now_cache(request))
     page_no = min(page_no, pages)
+    settings = request.app.state.settings
+    for card in cards:
+        for row in card.devices:
+            row.html = device_html(row, settings=settings, now=now)
     poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
     ctx = {"viewer": viewer, "active": "now", "cards": cards, "now": now, "refresh": REFRESH_SECONDS,
            "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url}
