@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, or_, select
@@ -20,9 +19,6 @@ from app.errors import Conflict, InvalidInput, NotFound, ReservationConflict
 from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, ReservationShare
 from app.schemas.reservation import ConflictRef
 from app.timeutil import MAX_INSTANT, add_capped, fmt_local
-
-if TYPE_CHECKING:
-    from app.services.plain_holdings import HeldBy
 
 UTC_ZONE = ZoneInfo("UTC")
 
@@ -172,8 +168,28 @@ class Holding:
     """
 
     device_id: int
-    reservation: Reservation | HeldBy  # HeldBy: from app.services.plain_holdings
+    reservation: Reservation | HeldBy
     via: Device | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HolderName:
+    """The holder of a :class:`HeldBy` (only what pages and the API show of them)."""
+
+    username: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """A live reservation as plain values (UTC instants), for read paths that build no ORM
+    objects; the attributes the pages and the holder rule read of a :class:`Reservation`."""
+
+    id: int
+    start_at: datetime
+    end_at: datetime
+    kind: str
+    note: str | None
+    user: HolderName
 
 
 def match_holdings(devices: Sequence, rows: Sequence) -> dict[int, list[Holding]]:

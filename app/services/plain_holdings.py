@@ -5,36 +5,15 @@ with no ORM objects, for pages and lists of thousands of devices."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.models import Reservation, ReservationDevice, User
-from app.services.conflicts import Holding, match_holdings
+from app.services.conflicts import HeldBy, HolderName, Holding, match_holdings
 
 CHUNK = 4000  # device ids per statement: under SQLite's bound-parameter limit
-
-
-@dataclass(frozen=True, slots=True)
-class HolderName:
-    """The holder of a :class:`HeldBy` (only what pages and the API show of them)."""
-
-    username: str
-
-
-@dataclass(frozen=True, slots=True)
-class HeldBy:
-    """A live reservation as plain values (UTC instants), for read paths that build no ORM
-    objects; the attributes the pages and the holder rule read of a :class:`Reservation`."""
-
-    id: int
-    start_at: datetime
-    end_at: datetime
-    kind: str
-    note: str | None
-    user: HolderName
 
 
 def plain_holdings(session: Session, *, devices: Sequence, start: datetime, end: datetime) -> dict[int, list[Holding]]:
