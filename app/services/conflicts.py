@@ -200,18 +200,19 @@ def match_holdings(devices: Sequence, rows: Sequence) -> dict[int, list[Holding]
     device it names, and a device of the same physical GPU with the other slice kind (a
     whole GPU and its MIG slices hold each other). Linear in devices plus rows."""
     by_device: dict[int, list[int]] = {}
-    by_physical: dict[int, list[int]] = {}
+    by_physical: dict[tuple[int, int], list[int]] = {}  # (physical id, slice kind) -> rows
     for pos, row in enumerate(rows):
         by_device.setdefault(row[0], []).append(pos)
-        by_physical.setdefault(row[1], []).append(pos)
+        by_physical.setdefault((row[1], row[2]), []).append(pos)
     out: dict[int, list[Holding]] = {}
     for d in devices:
-        kind = 1 if d.parent_id else 0
-        hit = set(by_device.get(d.id, ()))
-        hit.update(p for p in by_physical.get(d.parent_id or d.id, ()) if rows[p][2] != kind)
-        if hit:
-            out[d.id] = [Holding(device_id=d.id, reservation=rows[p][3], via=None if rows[p][0] == d.id else rows[p][4])
-                         for p in sorted(hit)]
+        own = by_device.get(d.id)
+        other = by_physical.get((d.parent_id or d.id, 0 if d.parent_id else 1))  # the other slice kind
+        if own is None and other is None:
+            continue
+        hits = sorted({*(own or ()), *(other or ())}) if own and other else (own or other)
+        out[d.id] = [Holding(device_id=d.id, reservation=rows[p][3], via=None if rows[p][0] == d.id else rows[p][4])
+                     for p in hits]  # type: ignore[union-attr]
     return out
 
 

@@ -233,9 +233,9 @@ def device_rows(session: Session, *, devices: list[DeviceNow], host_status: dict
     held = plain_holdings(session, devices=[d.device for d in devices], start=now, end=datetime.max.replace(tzinfo=UTC))
     out = []
     for d in devices:
-        found = held.get(d.device.id, [])
-        current = holder_at(found, now)
-        upcoming = next((h.reservation for h in found if h.reservation.start_at > now), None)
+        found = held.get(d.device.id)
+        current = holder_at(found, now) if found else None
+        upcoming = next((h.reservation for h in found if h.reservation.start_at > now), None) if found else None
         t = d.telemetry
         status = device_status(
             retired=False, lost=t is not None and t.health == "lost", host_state=host_status[host_of[d.device.id]],

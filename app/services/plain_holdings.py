@@ -29,8 +29,7 @@ def plain_holdings(session: Session, *, devices: Sequence, start: datetime, end:
         chunk, phys = ids[i : i + CHUNK], physical[i : i + CHUNK]
         for row in session.execute(
             select(ReservationDevice.id, ReservationDevice.device_id, ReservationDevice.physical_id,
-                   ReservationDevice.slice_kind, ReservationDevice.start_at, ReservationDevice.reservation_id,
-                   Reservation.start_at, Reservation.end_at, Reservation.kind, Reservation.note, User.username)
+                   ReservationDevice.slice_kind, ReservationDevice.reservation_id, Reservation.start_at, Reservation.end_at, Reservation.kind, Reservation.note, User.username)
             .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
             .join(User, User.id == Reservation.user_id)
             .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start,
@@ -40,8 +39,9 @@ def plain_holdings(session: Session, *, devices: Sequence, start: datetime, end:
     users: dict[str, HolderName] = {}
     held: dict[int, HeldBy] = {}
     rows = []
-    for _id, dev, phys_id, kind, start_at, rid, r_start, r_end, r_kind, note, username in sorted(
-            seen.values(), key=lambda r: (r[4], r[5])):
+    # by start, as holdings() orders them (an item's interval is its reservation's)
+    for _id, dev, phys_id, kind, rid, r_start, r_end, r_kind, note, username in sorted(
+            seen.values(), key=lambda r: (r[5], r[4])):
         r = held.get(rid)
         if r is None:
             user = users.get(username) or users.setdefault(username, HolderName(username))
