@@ -110,7 +110,7 @@ def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int
     return cards, pages
 
 
-DRAWN_PER_DEVICE = 8  # drawings kept per device between two snapshots of its host (status or holder changes)
+DRAWN_PER_DEVICE = 2  # drawings kept per device between two snapshots of its host (its status or holder changed)
 
 
 def device_html(row: DeviceRow, *, settings: Settings, now: datetime) -> Markup:
