@@ -181,12 +181,56 @@ class Holding:
 
     ``via`` is ``None`` when the reservation names the device itself; otherwise the device
     it names instead: the whole GPU (for a MIG slice) or one of its MIG slices (for a whole
-    GPU). Sibling slices never hold each other.
+    GPU); from :func:`plain_holdings`, that device's id. Sibling slices never hold each other.
     """
 
     device_id: int
-    reservation: Reservation
-    via: Device | None = None
+    reservation: Reservation | HeldBy
+    via: Device | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HolderName:
+    """The holder of a :class:`HeldBy` (only what pages and the API show of them)."""
+
+    username: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """A live reservation as plain values (UTC instants), for read paths that build no ORM
+    objects; the attributes the pages and the holder rule read of a :class:`Reservation`."""
+
+    id: int
+    start_at: datetime
+    end_at: datetime
+    kind: str
+    note: str | None
+    user: HolderName
+
+
+def match_holdings(devices: Sequence, rows: Sequence) -> dict[int, list[Holding]]:
+    """The holder rule on rows already read: device id -> its holdings, in the rows' order.
+
+    ``devices``: anything with ``id`` and ``parent_id``; ``rows``: (device id, physical id,
+    slice kind, reservation, via) per active ``reservation_devices`` row. A row holds a
+    device it names, and a device of the same physical GPU with the other slice kind (a
+    whole GPU and its MIG slices hold each other). Linear in devices plus rows."""
+    by_device: dict[int, list[int]] = {}
+    by_physical: dict[tuple[int, int], list[int]] = {}  # (physical id, slice kind) -> rows
+    for pos, row in enumerate(rows):
+        by_device.setdefault(row[0], []).append(pos)
+        by_physical.setdefault((row[1], row[2]), []).append(pos)
+    out: dict[int, list[Holding]] = {}
+    for d in devices:
+        own = by_device.get(d.id)
+        other = by_physical.get((d.parent_id or d.id, 0 if d.parent_id else 1))  # the other slice kind
+        if own is None and other is None:
+            continue
+        hits = sorted({*(own or ()), *(other or ())}) if own and other else (own or other)
+        out[d.id] = [Holding(device_id=d.id, reservation=rows[p][3], via=None if rows[p][0] == d.id else rows[p][4])
+                     for p in hits]  # type: ignore[union-attr]
+    return out
 
 
 def holdings(session: Session, *, devices: Sequence[Device], start: datetime, end: datetime) -> dict[int, list[Holding]]:
@@ -210,17 +254,7 @@ def holdings(session: Session, *, devices: Sequence[Device], start: datetime, en
                  joinedload(ReservationDevice.reservation).joinedload(Reservation.user))
         .order_by(ReservationDevice.start_at, ReservationDevice.reservation_id)
     ).all()
-    out: dict[int, list[Holding]] = {}
-    for d in devices:
-        kind = 1 if d.parent_id else 0
-        found = [
-            Holding(device_id=d.id, reservation=row.reservation, via=None if row.device_id == d.id else row.device)
-            for row in rows
-            if row.device_id == d.id or (row.physical_id == (d.parent_id or d.id) and row.slice_kind != kind)
-        ]
-        if found:
-            out[d.id] = found
-    return out
+    return match_holdings(devices, [(r.device_id, r.physical_id, r.slice_kind, r.reservation, r.device) for r in rows])
 
 
 def holder_at(found: Sequence[Holding], at: datetime) -> Holding | None:

@@ -20,8 +20,9 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
 from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User
-from app.services.conflicts import holder_at, holdings
+from app.services.conflicts import HeldBy, holder_at
 from app.services.devices import device_status, host_state, owner_label, process_occupies, slice_label
+from app.services.plain_holdings import plain_holdings
 
 _TELEMETRY = (
     "collected_at", "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w",
@@ -79,7 +80,7 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
     # current holder and next reservation: the one holder rule (a whole GPU and its MIG
     # slices hold each other), applied to plain rows
     _forever = datetime.max.replace(tzinfo=UTC)
-    held = holdings(session, devices=devices, start=now, end=_forever)
+    held = plain_holdings(session, devices=devices, start=now, end=_forever)
 
     uuids = {d[0]: d[1] for d in devices}
     indices = {d[0]: d[2] for d in devices}
@@ -125,7 +126,7 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
     return [d for _k, d in out]
 
 
-def _holder_dict(r: Reservation) -> dict[str, Any]:
+def _holder_dict(r: Reservation | HeldBy) -> dict[str, Any]:
     return {"reservation_id": r.id, "user": r.user.username, "start": r.start_at, "end": r.end_at}
 
 

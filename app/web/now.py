@@ -10,18 +10,21 @@ from typing import Annotated
 
 from fastapi import Query, Request
 from fastapi.responses import Response
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep
+from app.config import Settings
 from app.models import utcnow
 from app.models.states import DeviceStatus, HostStatus
-from app.schemas.host import HostRead
 from app.services import checkin
 from app.services import devices as device_service
+from app.services import now_state
 from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
+from app.services.now_state import DeviceRowNow, HostNow, NowCache
 from app.web.deps import PageViewer
-from app.web.render import page
+from app.web.render import page, templates
 from app.web.routing import page_router
 
 router = page_router()
@@ -53,18 +56,19 @@ HOST_BADGES = {
 
 @dataclass
 class DeviceRow:
-    """One device on the Now page: its view and how to label it."""
+    """One device on the Now page: its state at the time of the view and how to label it."""
 
-    view: DeviceView
+    view: DeviceRowNow
     label: str
     badge: str
+    html: Markup | None = None  # the drawn <article> (device_html)
 
 
 @dataclass
 class HostCard:
     """One host on the Now page with its devices (MIG instances after their GPU)."""
 
-    host: HostRead
+    host: HostNow
     badge: str
     devices: list[DeviceRow] = field(default_factory=list)
 
@@ -79,23 +83,61 @@ def device_label(view: DeviceView, parents: dict[int, DeviceView]) -> str:
 HOSTS_PER_PAGE = 25
 
 
-def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int | None = None) -> tuple[list[HostCard], int]:
+def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int | None = None,
+             cache: NowCache | None = None) -> tuple[list[HostCard], int]:
     """The hosts of page ``page_no`` (``per_page`` hosts, ``None``: all) with their non-retired
-    devices, telemetry, processes and holders; and the number of pages."""
-    hosts = device_service.list_hosts(session, now=now)
+    devices, telemetry, processes and holders at ``now`` (UTC); and the number of pages.
+    ``cache``: devices of hosts without a new snapshot since the last view are taken from it
+    (``None``: everything read afresh)."""
+    hosts = now_state.read_hosts(session, now=now)
     pages = 1 if not per_page else max(1, -(-len(hosts) // per_page))
+    if cache is not None:
+        cache.prune(h.id for h in hosts)
     if per_page:
         page_no = min(max(page_no, 1), pages)
         hosts = hosts[(page_no - 1) * per_page : page_no * per_page]
-        views = device_service.device_views(session, now=now, host_names=[h.name for h in hosts]) if hosts else []
+    if cache is not None:
+        devices = cache.devices(session, hosts, now_state.lab_key(session))
     else:
-        views = device_service.device_views(session, now=now)
-    by_id = {v.device.id: v for v in views}
-    per_host: dict[str, list[DeviceRow]] = defaultdict(list)
-    for v in views:
-        per_host[v.host.name].append(DeviceRow(view=v, label=device_label(v, by_id), badge=DEVICE_BADGES.get(v.status, v.status)))
-    cards = [HostCard(host=h, badge=HOST_BADGES.get(h.status, h.status), devices=per_host.get(h.name, [])) for h in hosts]
+        devices = now_state.read_devices(session, [h.id for h in hosts])
+    listed = [d for h in hosts for d in devices.get(h.id, ())]
+    host_of = {d.device.id: h.id for h in hosts for d in devices.get(h.id, ())}
+    rows = now_state.device_rows(session, devices=listed, host_status={h.id: h.status for h in hosts},
+                                 host_of=host_of, now=now)
+    per_host: dict[int, list[DeviceRow]] = defaultdict(list)
+    for r in rows:
+        per_host[host_of[r.state.device.id]].append(DeviceRow(view=r, label=r.state.label,
+                                                              badge=DEVICE_BADGES.get(r.status, r.status)))
+    cards = [HostCard(host=h, badge=HOST_BADGES.get(h.status, h.status), devices=per_host.get(h.id, [])) for h in hosts]
     return cards, pages
+
+
+DRAWN_PER_DEVICE = 2  # drawings kept per device between two snapshots of its host (its status or holder changed)
+
+
+def device_html(row: DeviceRow, *, settings: Settings, now: datetime) -> Markup:
+    """The ``<article>`` of one device (``_now_device.html``), reused from its cached state
+    while its status, holder, next reservation and the lab's date stay the same: times
+    print as a clock time today and with their date on other days, so the date is part
+    of what is reused; so is the open quarantine (read on every view), so opening or
+    clearing one draws the device again."""
+    v = row.view
+    key = (v.status, v.holder, v.next_reservation, v.quarantine, now.astimezone(settings.tz).date())
+    drawn = v.state.drawn
+    html = drawn.get(key)
+    if html is None:
+        if len(drawn) >= DRAWN_PER_DEVICE:
+            drawn.clear()
+        html = drawn[key] = Markup(templates.get_template("_now_device.html").render(row=row, settings=settings, now=now))
+    return html
+
+
+def now_cache(request: Request) -> NowCache:
+    """The application's :class:`~app.services.now_state.NowCache` (one per app, per process)."""
+    cache = getattr(request.app.state, "now_cache", None)
+    if cache is None:
+        cache = request.app.state.now_cache = NowCache()
+    return cache
 
 
 @router.get("/")
@@ -109,8 +151,13 @@ def now_page(
     """Who holds what right now, 25 hosts a page (``?page=N``; ``?all=1`` for every host);
     htmx polls the same URL for the ``hosts`` block."""
     now = utcnow()
-    cards, pages = now_view(session, now=now, page_no=page_no, per_page=None if show_all else HOSTS_PER_PAGE)
+    cards, pages = now_view(session, now=now, page_no=page_no, per_page=None if show_all else HOSTS_PER_PAGE,
+                            cache=now_cache(request))
     page_no = min(page_no, pages)
+    settings = request.app.state.settings
+    for card in cards:
+        for row in card.devices:
+            row.html = device_html(row, settings=settings, now=now)
     poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
     ctx = {"viewer": viewer, "active": "now", "cards": cards, "now": now, "refresh": REFRESH_SECONDS,
            "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url,

@@ -2,8 +2,8 @@
 
 History is seeded in bulk (``generate_series``): past reservations of many users on the
 host's devices, cancelled ones among them. Then the real requests run (a named booking with
-a counted quota, an "any N GPUs" booking, the device list, an agent snapshot answered with
-the host's reservation table) while every SELECT they issue is captured, and each is
+a counted quota, an "any N GPUs" booking, the device list, the Now page, an agent snapshot
+answered with the host's reservation table) while every SELECT they issue is captured, and each is
 ``EXPLAIN``-ed with its own parameters: a sequential scan of a large table fails the test.
 """
 
@@ -46,6 +46,7 @@ def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
     from app.main import create_app
     from app.services import hosts as host_service
     from app.services import users as user_service
+    from app.web import sessions as web_sessions
 
     app = create_app(Settings(database_url=seeded_pg, data_dir=tmp_path, environment="test"))
     with TestClient(app) as client:
@@ -57,6 +58,7 @@ def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
             for i in range(N_USERS):
                 u = user_service.create_user(s, username=f"user{i:02d}")
                 toks.append(user_service.create_api_token(s, user=u, name="t")[1])
+            user_service.create_user(s, username="watcher", password="watcher-password")
             return toks, host_service.create_host(s, name="node-01")[1]
 
         tokens, host_token = run_in_transaction(factory, setup)
@@ -73,6 +75,10 @@ def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
         assert client.post("/api/v1/rules", json={"scope": "default", "max_devices": 4, "max_gpu_hours_7d": 1000},
                            headers=admin_h).status_code == 201
 
+        signed = run_in_transaction(factory, lambda s: web_sessions.sign_in(
+            s, username="watcher", password="watcher-password", address="127.0.0.1", settings=app.state.settings,
+            now=datetime.now(UTC)))
+        client.cookies.set(web_sessions.SESSION_COOKIE, signed.cookie_value)
         captured: list[tuple[str, object]] = []
 
         def listen(conn, cursor, statement, params, context, executemany):
@@ -91,6 +97,9 @@ def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
                 "host": "node-01", "devices": [0], "start": future(2).isoformat(), "duration": "PT1H"})
             assert r.status_code == 409, r.text
             assert client.get("/api/v1/devices", headers=user_h).status_code == 200
+            for page in ("/", "/?all=1"):  # the Now page: its state and holders from plain rows
+                r = client.get(page)
+                assert r.status_code == 200 and "GPU-00000000-plan" in r.text, r.text[:300]
             assert client.get("/api/v1/reservations?state=active", headers=user_h).status_code == 200
             r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 2, devices), headers=host_h)
             assert r.status_code == 200 and r.json()["reservations"], r.text

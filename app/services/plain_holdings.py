@@ -1,0 +1,50 @@
+"""Who holds which device, read as plain values: the holder rule of
+:mod:`app.services.conflicts` (:func:`~app.services.conflicts.match_holdings`) over tuples,
+with no ORM objects, for pages and lists of thousands of devices."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from app.models import Reservation, ReservationDevice, User
+from app.services.conflicts import HeldBy, HolderName, Holding, match_holdings
+
+CHUNK = 4000  # device ids per statement: under SQLite's bound-parameter limit
+
+
+def plain_holdings(session: Session, *, devices: Sequence, start: datetime, end: datetime) -> dict[int, list[Holding]]:
+    """:func:`holdings` as plain values (:class:`HeldBy`, ``via`` a device id), read as
+    tuples: for pages and lists of thousands of devices. Device ids go to the database in
+    chunks (under SQLite's bound-parameter limit), each walking the device indexes."""
+    if not devices:
+        return {}
+    ids = [d.id for d in devices]
+    physical = sorted({d.parent_id or d.id for d in devices})
+    seen: dict[int, tuple] = {}
+    for i in range(0, max(len(ids), len(physical)), CHUNK):
+        chunk, phys = ids[i : i + CHUNK], physical[i : i + CHUNK]
+        for row in session.execute(
+            select(ReservationDevice.id, ReservationDevice.device_id, ReservationDevice.physical_id,
+                   ReservationDevice.slice_kind, ReservationDevice.reservation_id, Reservation.start_at, Reservation.end_at, Reservation.kind, Reservation.note, User.username)
+            .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
+            .join(User, User.id == Reservation.user_id)
+            .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start,
+                   or_(ReservationDevice.device_id.in_(chunk), ReservationDevice.physical_id.in_(phys)))
+        ):
+            seen[row[0]] = row
+    users: dict[str, HolderName] = {}
+    held: dict[int, HeldBy] = {}
+    rows = []
+    # by start, as holdings() orders them (an item's interval is its reservation's)
+    for _id, dev, phys_id, kind, rid, r_start, r_end, r_kind, note, username in sorted(
+            seen.values(), key=lambda r: (r[5], r[4])):
+        r = held.get(rid)
+        if r is None:
+            user = users.get(username) or users.setdefault(username, HolderName(username))
+            r = held[rid] = HeldBy(id=rid, start_at=r_start, end_at=r_end, kind=r_kind, note=note, user=user)
+        rows.append((dev, phys_id, kind, r, dev))
+    return match_holdings(devices, rows)

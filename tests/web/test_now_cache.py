@@ -1,0 +1,69 @@
+"""The Now page reuses a host's devices between its snapshots, yet every change shows on the
+next view: a new snapshot, a booking and its release, a retired device; and views between
+snapshots read no device of a host again."""
+
+from __future__ import annotations
+
+from app.services.now_state import NowCache
+from tests.conftest import gpu, snapshot_body
+from tests.web.test_now import HX, _device_block
+
+
+def _post(client, weblab, seq: int, used: float) -> None:
+    devices = [gpu(u, i, memory_used_mib=used if i == 0 else 0.0) for i, u in enumerate(weblab.devices)]
+    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", seq, devices),
+                    headers={"Authorization": f"Bearer {weblab.host_token}"})
+    assert r.status_code == 200, r.text
+
+
+def test_views_between_snapshots_reuse_the_devices_and_a_new_snapshot_shows_at_once(app, client, weblab):
+    _post(client, weblab, 2, 2048.0)
+    assert "2.0 GiB" in _device_block(weblab.alice.get("/", headers=HX).text, weblab.devices[0])
+    cache: NowCache = app.state.now_cache
+    misses = cache.misses
+    for _ in range(3):
+        assert "2.0 GiB" in _device_block(weblab.alice.get("/", headers=HX).text, weblab.devices[0])
+    assert cache.misses == misses  # no new snapshot: the host's devices were not read again
+    _post(client, weblab, 3, 3072.0)
+    block = _device_block(weblab.alice.get("/", headers=HX).text, weblab.devices[0])
+    assert "3.0 GiB" in block and "2.0 GiB" not in block
+    assert cache.misses == misses + 1
+
+
+def test_booking_and_release_show_on_the_next_view_without_a_snapshot(weblab):
+    uuid = weblab.devices[1]
+    assert "free" in _device_block(weblab.alice.get("/", headers=HX).text, uuid)
+    body = {"host": "node-01", "devices": [1], "start": "now", "duration": "PT2H", "note": "cache-check"}
+    r = weblab.alice.client.post("/api/v1/reservations", json=body, headers={"X-CSRF-Token": weblab.alice.csrf})
+    assert r.status_code == 201, r.text
+    block = _device_block(weblab.bob.get("/", headers=HX).text, uuid)
+    assert "<strong>alice</strong> until" in block and "cache-check" in block
+    r = weblab.alice.client.post(f"/api/v1/reservations/{r.json()['id']}/release",
+                                 headers={"X-CSRF-Token": weblab.alice.csrf})
+    assert r.status_code == 200, r.text
+    block = _device_block(weblab.bob.get("/", headers=HX).text, uuid)
+    assert "alice" not in block and "cache-check" not in block
+
+
+def test_retired_device_leaves_the_page_on_the_next_view(weblab):
+    uuid = weblab.devices[3]
+    assert uuid in weblab.alice.get("/", headers=HX).text
+    r = weblab.admin.client.patch(f"/api/v1/devices/{uuid}", json={"retired": True},
+                                  headers={"X-CSRF-Token": weblab.admin.csrf})
+    assert r.status_code == 200, r.text
+    assert uuid not in weblab.alice.get("/", headers=HX).text
+
+
+def test_clearing_a_quarantine_shows_on_the_next_view_without_a_snapshot(client, weblab):
+    from tests.web.test_quarantine_pages import quarantine
+
+    uuid = weblab.devices[2]
+    quarantine(client, weblab, 2, [{"kind": "xid", "state": "bad", "value": 48}])
+    block = _device_block(weblab.alice.get("/", headers=HX).text, uuid)
+    assert "data-quarantined" in block and "not bookable" in block and "XID 48 error" in block
+    assert "XID 48 error" in _device_block(weblab.alice.get("/", headers=HX).text, uuid)  # drawn once, reused
+    r = weblab.admin.post("/admin/devices/clear-quarantine", {"uuid": uuid, "note": "GPU reset"})
+    assert r.status_code == 303, r.text
+    block = _device_block(weblab.alice.get("/", headers=HX).text, uuid)
+    assert "data-quarantined" not in block and "not bookable" not in block and "XID 48 error" not in block
+    assert ">free<" in block
