@@ -33,6 +33,8 @@ class User(Base):
     auth_source: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     feed_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)  # SHA-256 of the calendar feed token
+    # The language of pages and notices ("en", "zh_CN"); NULL: the browser's Accept-Language decides.
+    language: Mapped[str | None] = mapped_column(String(16), comment="preferred locale; NULL: browser's choice")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     groups: Mapped[list["Group"]] = relationship(secondary="group_members", back_populates="members", lazy="raise")

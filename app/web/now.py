@@ -12,6 +12,7 @@ from fastapi import Query, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
+from app.i18n import N_
 from app.api.deps import SessionDep
 from app.models import utcnow
 from app.models.states import DeviceStatus, HostStatus
@@ -27,26 +28,30 @@ router = page_router()
 REFRESH_SECONDS = 5
 
 DEVICE_BADGES = {
-    DeviceStatus.FREE: "free",
-    DeviceStatus.RESERVED_IDLE: "reserved, idle",
-    DeviceStatus.IN_USE: "in use",
-    DeviceStatus.FINDING: "finding",
-    DeviceStatus.OCCUPIED_UNLISTED: "occupied, unlisted process",
-    DeviceStatus.UNRELIABLE: "process data unreliable",
-    DeviceStatus.MONITORING_DOWN: "monitoring down",
-    DeviceStatus.STALE: "stale agent",
-    DeviceStatus.LOST: "lost GPU",
-    DeviceStatus.RETIRED: "retired",
+    DeviceStatus.FREE: N_("free"),
+    DeviceStatus.RESERVED_IDLE: N_("reserved, idle"),
+    DeviceStatus.IN_USE: N_("in use"),
+    DeviceStatus.FINDING: N_("finding"),
+    DeviceStatus.OCCUPIED_UNLISTED: N_("occupied, unlisted process"),
+    DeviceStatus.UNRELIABLE: N_("process data unreliable"),
+    DeviceStatus.MONITORING_DOWN: N_("monitoring down"),
+    DeviceStatus.STALE: N_("stale agent"),
+    DeviceStatus.LOST: N_("lost GPU"),
+    DeviceStatus.RETIRED: N_("retired"),
 }
 HOST_BADGES = {
-    HostStatus.OK: "agent ok",
-    HostStatus.STALE: "stale agent",
-    HostStatus.NEVER: "no snapshot yet",
-    HostStatus.DOWN: "monitoring down",
-    HostStatus.DEGRADED: "monitoring degraded",
-    HostStatus.NO_DRIVER: "no NVIDIA driver",
-    HostStatus.MISCONFIGURED: "monitoring misconfigured",
+    HostStatus.OK: N_("agent ok"),
+    HostStatus.STALE: N_("stale agent"),
+    HostStatus.NEVER: N_("no snapshot yet"),
+    HostStatus.DOWN: N_("monitoring down"),
+    HostStatus.DEGRADED: N_("monitoring degraded"),
+    HostStatus.NO_DRIVER: N_("no NVIDIA driver"),
+    HostStatus.MISCONFIGURED: N_("monitoring misconfigured"),
 }
+# Host policies and process owner states, shown through the catalog (``tr`` in the template).
+SHOWN_LABELS = (N_("observe"), N_("notify"), N_("terminate"), N_("uid only"), N_("unattributed"), N_("no passwd"),
+                N_("container"))
+
 
 
 @dataclass

@@ -1,0 +1,152 @@
+"""Chinese and English pages: every page rendered in ``zh_CN`` has no English left in it, the
+catalog translates every message the code and templates use, and the language follows the
+stored preference, else ``Accept-Language``, else English; on both databases.
+
+"No English left" is checked two ways on each page: no visible text (or title, label,
+placeholder, confirmation) contains an English word once the lab's own data (names, hosts,
+commands, models) and technical names (GPU, UUID, CUDA, …) are taken out; and no English
+message id of the catalog appears as a whole text node.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
+
+import pytest
+
+from app import i18n
+from tests.conftest import gpu, snapshot_body
+
+ZH = {"Accept-Language": "zh-CN,zh;q=0.9,en;q=0.5"}
+
+# Names that stay as they are in Chinese text: products, protocols, units, technical ids.
+TECHNICAL = {
+    "gpuroster", "GPU", "GPUs", "UUID", "UUIDs", "PID", "pid", "CUDA", "CUDA_VISIBLE_DEVICES", "NVIDIA", "NVML", "MIG",
+    "API", "URL", "curl", "Authorization", "Bearer", "LDAP", "OIDC", "SSO", "JSON", "UTC", "MiB", "GiB", "TiB", "W",
+    "uid", "htmx", "apprise", "mmost", "dingtalk", "wecombot", "feishu", "mailto", "Slack", "Mattermost", "iCalendar",
+    "SHA", "token", "English", "Europe", "Berlin", "h", "s", "d", "m", "nvidia", "smi", "ok", "sigterm", "sigkill", "CSV",
+}
+
+# The fixture lab's data: user, host, device, process and container names.
+DATA = {
+    "boss", "alice", "bob", "mallory", "eve", "node", "lab", "example", "python", "train", "py", "epochs", "sim",
+    "NVIDIA", "laptop", "test", "fine", "tune", "llama", "Xorg", "gnome", "shell",
+}
+
+ATTRS = ("title", "aria-label", "placeholder", "data-confirm", "alt")
+
+
+class _Text(HTMLParser):
+    """Visible text nodes and the human-read attributes of a page."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.chunks: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style", "code", "pre"):
+            self._skip += 1
+        for name, value in attrs:
+            if name in ATTRS and value:
+                self.chunks.append(value)
+            if tag == "input" and name == "value" and dict(attrs).get("type") in ("submit", "button") and value:
+                self.chunks.append(value)
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style", "code", "pre") and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data):
+        if not self._skip and data.strip():
+            self.chunks.append(data.strip())
+
+
+def visible_text(html: str) -> list[str]:
+    parser = _Text()
+    parser.feed(html)
+    return parser.chunks
+
+
+def english_words(html: str) -> list[str]:
+    """Text chunks of ``html`` that still hold an English word after data and technical names."""
+    left = []
+    for chunk in visible_text(html):
+        # e-mail addresses, UUIDs, URLs, paths and anything with a digit in it (A100, 80GB) are data
+        words = re.findall(r"[A-Za-z][A-Za-z_]*", re.sub(r"[\w.+-]+@[\w.-]+|\S+://\S*|/\S*|[\w-]*\d[\w-]*", " ", chunk))
+        if any(w not in TECHNICAL and w not in DATA for w in words):
+            left.append(chunk)
+    return left
+
+
+def english_message_ids() -> set[str]:
+    """The catalog's English source texts that read as prose (two words or more)."""
+    catalog = i18n.translations("zh_CN")
+    return {m for m in catalog._catalog if isinstance(m, str) and " " in m and "%" not in m and re.search("[a-z]{3}", m)}
+
+
+@pytest.fixture
+def busy_lab(weblab, client):
+    """The web lab with something on every page: reservations (active, upcoming, past, pending
+    approval), an open and a closed finding, API tokens."""
+    now = datetime.now(UTC)
+    t0 = now - timedelta(minutes=10)
+    uuid0, uuid1 = weblab.devices[0], weblab.devices[1]
+    findings = [
+        {"key": f"{uuid0}:4711:1.0:unreserved", "kind": "unreserved", "device_uuid": uuid0, "pid": 4711, "create_time": 1.0,
+         "unix_user": "mallory", "uid": 1500, "command": "python train.py --epochs 90", "container_id": "c0ffee1234567890abcd",
+         "first_seen": t0.isoformat(), "last_seen": now.isoformat(), "state": "notified",
+         "notices": [{"channel": "terminal", "recipient": "mallory", "at": now.isoformat(), "delivered": 2}]},
+        {"key": f"{uuid1}:5000:2.0:overrun", "kind": "overrun", "device_uuid": uuid1, "pid": 5000, "create_time": 2.0,
+         "unix_user": "eve", "uid": 1501, "command": "./sim", "first_seen": t0.isoformat(),
+         "last_seen": (now - timedelta(minutes=1)).isoformat(), "state": "terminated",
+         "actions": [{"action": "sigterm", "pid": 5000, "create_time": 2.0, "at": now.isoformat(), "reason": "grace over"}]},
+    ]
+    procs = [{"pid": 4711, "device_uuid": uuid0, "unix_user": "mallory", "name": "python", "used_memory_mib": 2048,
+              "command": "python train.py --epochs 90"}]
+    body = snapshot_body("node-01", 2, [gpu(u, i) for i, u in enumerate(weblab.devices)], processes=procs, findings=findings)
+    r = client.post("/api/v1/agent/snapshots", json=body, headers={"Authorization": f"Bearer {weblab.host_token}"})
+    assert r.status_code == 200, r.text
+    start = (now + timedelta(hours=3)).replace(second=0, microsecond=0)
+    for who, dev, begin, hours in ((weblab.alice, 2, now, 2), (weblab.alice, 3, start, 1.5), (weblab.bob, 2, start + timedelta(hours=3), 1)):
+        r = client.post("/api/v1/reservations", headers=_bearer(client, who),
+                        json={"host": "node-01", "devices": [weblab.devices[dev]], "start": begin.isoformat(),
+                              "duration": f"PT{int(hours * 60)}M", "note": "fine-tune llama"})
+        assert r.status_code == 201, r.text
+    assert weblab.alice.post("/profile/tokens", {"name": "laptop"}).status_code == 201
+    return weblab
+
+
+def _bearer(client, browser) -> dict[str, str]:
+    """An API header for a signed-in page user (through the session cookie)."""
+    return {"Cookie": "; ".join(f"{k}={v}" for k, v in browser.client.cookies.items()),
+            "X-CSRF-Token": browser.csrf}
+
+
+PAGES = ["/", "/?all=1", "/timeline", "/timeline?view=week", "/book", "/me/reservations", "/me/reservations/1",
+         "/findings", "/reports/usage", "/reports/usage?user=alice", "/approvals", "/admin", "/profile"]
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_every_page_in_chinese_has_no_english_left(busy_lab, url):
+    browser = busy_lab.admin if url in ("/admin",) else busy_lab.alice
+    r = browser.get(url, headers=ZH)
+    assert r.status_code == 200, r.text
+    assert '<html lang="zh-CN">' in r.text and r.headers["content-language"] == "zh-CN"
+    assert english_words(r.text) == []
+    chunks = set(visible_text(r.text))
+    assert sorted(m for m in english_message_ids() if m in chunks) == []
+
+
+def test_the_sign_in_page_in_chinese_has_no_english_left(client):
+    r = client.get("/login", headers=ZH)
+    assert r.status_code == 200
+    assert english_words(r.text) == [] and "登录" in r.text
+
+
+def test_the_checks_catch_english(busy_lab):
+    english = busy_lab.alice.get("/me/reservations").text
+    assert "My reservations" in english_words(english)
+    assert english_message_ids() & set(visible_text(english))
