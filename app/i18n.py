@@ -19,8 +19,9 @@ Dates, numbers and sizes are formatted with Babel in the lab's time zone
 from __future__ import annotations
 
 import gettext as _gettext
+import html
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, date, datetime, tzinfo
@@ -34,7 +35,6 @@ from babel.messages.mofile import write_mo
 from babel.messages.pofile import read_po
 from babel.numbers import format_decimal
 from babel.support import Translations
-from markupsafe import escape
 
 DEFAULT_LOCALE = "en"
 # Each offered language with its name in itself (a language list is read by people who may
@@ -94,6 +94,25 @@ def use_locale(locale: str | None) -> Iterator[str]:
         _current.reset(token)
 
 
+def set_locale(locale: str | None) -> str:
+    """Make ``locale`` (unknown: English) current for the rest of this context: the command
+    line sets it once at start (:func:`cli_locale`); pages use :func:`use_locale`."""
+    loc = locale if locale in LANGUAGES else DEFAULT_LOCALE
+    _current.set(loc)
+    return loc
+
+
+def cli_locale(environ: Mapping[str, str]) -> str:
+    """The language of the ``gpuroster`` command: ``GPUROSTER_LANG`` (``zh_CN``, ``en``), else
+    the POSIX locale variables in their order of precedence (``LC_ALL``, ``LC_MESSAGES``,
+    ``LANG``, e.g. ``zh_CN.UTF-8``), else English. ``C``/``POSIX`` mean English."""
+    for name in ("GPUROSTER_LANG", "LC_ALL", "LC_MESSAGES", "LANG"):
+        value = (environ.get(name) or "").split(".")[0].split("@")[0]
+        if value:
+            return negotiate(value.replace("_", "-"))
+    return DEFAULT_LOCALE
+
+
 def gettext(message: str, **variables: Any) -> str:
     """``message`` in the current locale, ``%``-formatted with ``variables`` when given."""
     text = translations(_current.get()).gettext(message)
@@ -126,7 +145,7 @@ class LazyText:
         return gettext(self.message, **self.variables)
 
     def __html__(self) -> str:
-        return str(escape(str(self)))
+        return html.escape(str(self), quote=True)
 
     def __repr__(self) -> str:
         return f"LazyText({self.message!r})"
