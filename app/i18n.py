@@ -113,13 +113,13 @@ def cli_locale(environ: Mapping[str, str]) -> str:
     return DEFAULT_LOCALE
 
 
-def gettext(message: str, **variables: Any) -> str:
+def gettext(message: str, /, **variables: Any) -> str:
     """``message`` in the current locale, ``%``-formatted with ``variables`` when given."""
     text = translations(_current.get()).gettext(message)
     return text % variables if variables else text
 
 
-def ngettext(singular: str, plural: str, num: int, **variables: Any) -> str:
+def ngettext(singular: str, plural: str, num: int, /, **variables: Any) -> str:
     """The singular or plural form for ``num`` in the current locale; ``%(num)d`` is filled in."""
     text = translations(_current.get()).ngettext(singular, plural, num)
     return text % {"num": num, **variables}
@@ -157,7 +157,7 @@ class LazyText:
         return hash(self.message)
 
 
-def lazy_gettext(message: str, **variables: Any) -> LazyText:
+def lazy_gettext(message: str, /, **variables: Any) -> LazyText:
     """``message`` (with ``variables``) to be translated when rendered; see :class:`LazyText`."""
     return LazyText(message, variables)
 

@@ -153,3 +153,41 @@ def test_the_checks_catch_english(busy_lab):
     english = busy_lab.alice.get("/me/reservations").text
     assert "My reservations" in english_words(english)
     assert english_message_ids() & set(visible_text(english))
+
+
+def test_english_without_a_preference_or_header(weblab):
+    r = weblab.alice.get("/me/reservations")
+    assert '<html lang="en">' in r.text and "<h1>My reservations</h1>" in r.text
+    assert r.headers["content-language"] == "en" and "Accept-Language" in r.headers["vary"]
+
+
+def test_the_stored_preference_beats_the_browser_and_can_be_cleared(weblab, session_factory):
+    from app.models import User
+
+    r = weblab.alice.post("/profile/language", {"language": "zh_CN"})
+    assert r.status_code == 303 and r.headers["location"].startswith("/profile?done=language")
+    page = weblab.alice.get("/me/reservations", headers={"Accept-Language": "en-US,en;q=0.9"}).text
+    assert '<html lang="zh-CN">' in page and "<h1>我的预约</h1>" in page
+    assert "语言已保存。" in weblab.alice.get("/profile?done=language").text
+    assert weblab.bob.get("/me/reservations").text.count("<h1>My reservations</h1>") == 1  # only alice chose
+    with session_factory() as s:
+        assert s.query(User).filter_by(username="alice").one().language == "zh_CN"
+    assert weblab.alice.post("/profile/language", {"language": ""}).status_code == 303
+    assert "<h1>My reservations</h1>" in weblab.alice.get("/me/reservations").text
+    assert "<h1>我的预约</h1>" in weblab.alice.get("/me/reservations", headers=ZH).text
+
+
+def test_an_unoffered_language_is_refused_naming_the_field(weblab, session_factory):
+    from app.models import User
+
+    r = weblab.alice.post("/profile/language", {"language": "fr_FR"})
+    assert r.status_code == 422
+    assert 'id="language-choice" name="language" aria-invalid="true"' in r.text and "language: &#39;fr_FR&#39;" in r.text
+    with session_factory() as s:
+        assert s.query(User).filter_by(username="alice").one().language is None
+
+
+def test_htmx_fragments_and_flash_notices_follow_the_language(busy_lab):
+    r = busy_lab.alice.get("/", headers={**ZH, "HX-Request": "true"})
+    assert "<html" not in r.text and "更新于" in r.text and english_words(r.text) == []
+    assert "预约已取消。" in busy_lab.alice.get("/me/reservations?done=cancelled", headers=ZH).text
