@@ -125,6 +125,13 @@ def ngettext(singular: str, plural: str, num: int, /, **variables: Any) -> str:
     return text % {"num": num, **variables}
 
 
+def pgettext(context: str, message: str, /, **variables: Any) -> str:
+    """``message`` as meant in ``context`` (one English word, two Chinese ones: "Now" the page
+    and "now" the start time), ``%``-formatted with ``variables`` when given."""
+    text = translations(_current.get()).pgettext(context, message)
+    return text % variables if variables else text
+
+
 _ = gettext
 
 

@@ -26,7 +26,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.i18n import _, use_locale
+from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import Forbidden
 from app.models import AuditLog, Device, GroupMember, Reservation, ReservationDevice, User
@@ -125,13 +125,13 @@ def decide(session: Session, *, actor: User, reservation_id: int, approve: bool,
     with use_locale(r.user.language):  # the owner reads it in the language they chose
         args = {"id": r.id, "host": r.host.name, "when": when, "actor": actor.username, "reason": reason}
         if approve:
-            subject = _("[gpuroster] reservation %(id)s approved", **args)
-            text = (_("Your reservation %(id)s on %(host)s (%(when)s) was approved by %(actor)s: %(reason)s", **args)
-                    if reason else _("Your reservation %(id)s on %(host)s (%(when)s) was approved by %(actor)s.", **args))
+            subject = gettext("[gpuroster] reservation %(id)s approved", **args)
+            text = (gettext("Your reservation %(id)s on %(host)s (%(when)s) was approved by %(actor)s: %(reason)s", **args)
+                    if reason else gettext("Your reservation %(id)s on %(host)s (%(when)s) was approved by %(actor)s.", **args))
         else:
-            subject = _("[gpuroster] reservation %(id)s denied", **args)
-            text = (_("Your reservation %(id)s on %(host)s (%(when)s) was denied by %(actor)s: %(reason)s", **args)
-                    if reason else _("Your reservation %(id)s on %(host)s (%(when)s) was denied by %(actor)s.", **args))
+            subject = gettext("[gpuroster] reservation %(id)s denied", **args)
+            text = (gettext("Your reservation %(id)s on %(host)s (%(when)s) was denied by %(actor)s: %(reason)s", **args)
+                    if reason else gettext("Your reservation %(id)s on %(host)s (%(when)s) was denied by %(actor)s.", **args))
     holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=subject,
                         text=text, settings=settings, actor=f"user:{actor.username}")
     if not approve:
@@ -163,8 +163,8 @@ def expire_due(session: Session, *, now: datetime, settings: Settings, load, ids
         session.add(AuditLog(actor="system", action="reservation.expire", target=f"reservation:{r.id}",
                              detail={"start": r.start_at.isoformat()}))
         with use_locale(r.user.language):
-            subject = _("[gpuroster] reservation %(id)s expired", id=r.id)
-            text = _("Your reservation %(id)s on %(host)s reached its start %(start)s without approval and expired.",
+            subject = gettext("[gpuroster] reservation %(id)s expired", id=r.id)
+            text = gettext("Your reservation %(id)s on %(host)s reached its start %(start)s without approval and expired.",
                      id=r.id, host=r.host.name, start=fmt_local(r.start_at, settings.tz))
         holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=subject, text=text,
                             settings=settings, actor="system")

@@ -22,7 +22,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.i18n import _, use_locale
+from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import InvalidInput
 from app.models import AuditLog, Device, Reservation, User
@@ -109,12 +109,12 @@ def _override(session: Session, rid: int, *, actor: User, start: datetime, reaso
                 "end": fmt_local(old_end, settings.tz), "actor": actor.username, "reason": reason,
                 "new_end": fmt_local(r.end_at, settings.tz)}
         if cut:
-            subject = _("[gpuroster] reservation %(id)s shortened", **args)
-            text = _("Your reservation %(id)s on %(host)s (%(start)s – %(end)s) was shortened to end at %(new_end)s "
+            subject = gettext("[gpuroster] reservation %(id)s shortened", **args)
+            text = gettext("Your reservation %(id)s on %(host)s (%(start)s – %(end)s) was shortened to end at %(new_end)s "
                      "by %(actor)s for maintenance: %(reason)s", **args)
         else:
-            subject = _("[gpuroster] reservation %(id)s cancelled", **args)
-            text = _("Your reservation %(id)s on %(host)s (%(start)s – %(end)s) was cancelled by %(actor)s for "
+            subject = gettext("[gpuroster] reservation %(id)s cancelled", **args)
+            text = gettext("Your reservation %(id)s on %(host)s (%(start)s – %(end)s) was cancelled by %(actor)s for "
                      "maintenance: %(reason)s", **args)
     holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=subject, text=text,
                         settings=settings, actor=f"user:{actor.username}")
