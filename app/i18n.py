@@ -253,3 +253,8 @@ def N_(message: str) -> str:
     """Mark ``message`` for the catalog without translating it (a label chosen at run time,
     translated where it is shown)."""
     return message
+
+
+def NC_(context: str, message: str) -> str:  # noqa: N802 - the gettext family's naming
+    """Like :func:`N_` for a message meant in ``context`` (shown with ``pgettext``)."""
+    return message

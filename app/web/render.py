@@ -24,7 +24,7 @@ from markupsafe import Markup
 from starlette.responses import Response
 
 from app import i18n
-from app.i18n import N_, _, lazy_gettext
+from app.i18n import N_, NC_, _, lazy_gettext
 from app.timeutil import fmt_duration
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
@@ -155,6 +155,9 @@ VOCABULARY = (
     N_("unknown_uid"), N_("open"), N_("notified"), N_("terminated"), N_("resolved"), N_("terminal"), N_("web"),
     N_("email"), N_("webhook"), N_("sent"), N_("sending"), N_("skipped"), N_("failed"), N_("member"), N_("admin"),
     N_("findings"), N_("approvals"), N_("waitlist"), N_("no-shows"), N_("quarantine"), N_("sigterm"), N_("sigkill"),
+    # host states (``HostStatus``, underscores shown as spaces), shown with pgettext("host", …)
+    NC_("host", "never"), NC_("host", "stale"), NC_("host", "ok"), NC_("host", "degraded"), NC_("host", "down"),
+    NC_("host", "no driver"), NC_("host", "misconfigured"),
     # error titles (the classes of app/errors.py and the services' own)
     N_("Error"), N_("Bad request"), N_("Authentication required"), N_("Forbidden"), N_("Not found"), N_("Conflict"),
     N_("Reservation conflict"), N_("Reservation is history"), N_("Invalid input"), N_("Refused by a sharing rule"),

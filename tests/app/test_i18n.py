@@ -17,18 +17,20 @@ from app import i18n
 from app.timeutil import fmt_duration
 from tests.conftest import REPO
 
-KEYWORDS = {"_": None, "gettext": None, "ngettext": (1, 2), "lazy_gettext": None, "_l": None, "N_": None}
+KEYWORDS = {"_": None, "gettext": None, "ngettext": (1, 2), "pgettext": ((1, "c"), 2), "lazy_gettext": None,
+            "_l": None, "N_": None, "NC_": ((1, "c"), 2)}
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
-def extracted_messages() -> set[str]:
-    """Every message id the code and the templates mark, as ``pybabel extract -F babel.cfg`` finds them."""
+def extracted_messages() -> set[tuple[str | None, str]]:
+    """Every ``(context, message id)`` the code and the templates mark, as ``pybabel extract
+    -F babel.cfg`` finds them."""
     with (REPO / "babel.cfg").open() as fh:
         method_map, options_map = parse_mapping_cfg(fh)
     found = set()
-    for _file, _line, message, _comments, _context in extract_from_dir(
+    for _file, _line, message, _comments, context in extract_from_dir(
             str(REPO), method_map, options_map, keywords=KEYWORDS, strip_comment_tags=True):
-        found.add(message if isinstance(message, str) else message[0])
+        found.add((context, message if isinstance(message, str) else message[0]))
     return found
 
 
@@ -39,7 +41,7 @@ def zh_catalog():
 
 def test_every_marked_message_has_a_chinese_translation():
     catalog = zh_catalog()
-    translated = {m.id if isinstance(m.id, str) else m.id[0] for m in catalog
+    translated = {(m.context, m.id if isinstance(m.id, str) else m.id[0]) for m in catalog
                   if m.id and m.string and "fuzzy" not in m.flags}
     used = extracted_messages()
     assert len(used) > 400  # pages, notices and CLI
@@ -106,6 +108,7 @@ def test_dates_in_the_lab_zone_per_language():
         assert i18n.format_when(t, BERLIN, now=datetime(2025, 1, 1, tzinfo=UTC)) == "2026年12月1日 周二 14:05"
         assert i18n.format_local(t, BERLIN, "weekday_day") == "1日 周二"
         assert i18n.format_day(date(2026, 12, 1)) == "2026年12月1日 周二"
+        assert i18n.pgettext("start", "Now") == "现在" and i18n.gettext("Now") == "现状"  # one word, two meanings
 
 
 def test_numbers_sizes_and_durations_per_language():

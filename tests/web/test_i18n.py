@@ -26,7 +26,7 @@ TECHNICAL = {
     "gpuroster", "GPU", "GPUs", "UUID", "UUIDs", "PID", "pid", "CUDA", "CUDA_VISIBLE_DEVICES", "NVIDIA", "NVML", "MIG",
     "API", "URL", "curl", "Authorization", "Bearer", "LDAP", "OIDC", "SSO", "JSON", "UTC", "MiB", "GiB", "TiB", "W",
     "uid", "htmx", "apprise", "mmost", "dingtalk", "wecombot", "feishu", "mailto", "Slack", "Mattermost", "iCalendar",
-    "SHA", "token", "English", "ID", "Unix", "N", "SIGTERM", "SIGKILL", "Webhook", "Europe", "Berlin", "h", "s", "d", "m", "nvidia", "smi", "ok", "sigterm", "sigkill", "CSV",
+    "SHA", "English", "ID", "Unix", "N", "SIGTERM", "SIGKILL", "Webhook", "Europe", "Berlin", "h", "s", "d", "m", "nvidia", "smi", "CSV",
 }
 
 # The fixture lab's data: user, host, device, process and container names.
