@@ -112,19 +112,21 @@ def busy_lab(weblab, client):
     assert r.status_code == 200, r.text
     start = (now + timedelta(hours=3)).replace(second=0, microsecond=0)
     for who, dev, begin, hours in ((weblab.alice, 2, now, 2), (weblab.alice, 3, start, 1.5), (weblab.bob, 2, start + timedelta(hours=3), 1)):
-        r = client.post("/api/v1/reservations", headers=_bearer(client, who),
-                        json={"host": "node-01", "devices": [weblab.devices[dev]], "start": begin.isoformat(),
-                              "duration": f"PT{int(hours * 60)}M", "note": "fine-tune llama"})
+        r = _api(who, "POST", "/reservations", json={"host": "node-01", "devices": [weblab.devices[dev]], "start": begin.isoformat(),
+                                                    "duration": f"PT{int(hours * 60)}M", "note": "fine-tune llama"})
         assert r.status_code == 201, r.text
+    assert _api(weblab.admin, "POST", "/rules", json={"scope": "default", "approval_above_devices": 1}).status_code == 201
+    r = _api(weblab.alice, "POST", "/reservations", json={"host": "node-01", "devices": [0, 1],
+                                                          "start": (now + timedelta(days=2)).isoformat(), "duration": "PT2H"})
+    assert r.status_code == 201 and r.json()["state"] == "pending", r.text
     assert weblab.alice.post("/profile/tokens", {"name": "laptop"}).status_code == 201
     assert weblab.admin.post("/admin/groups", {"name": "vision", "members": "alice, bob"}).status_code == 303
     return weblab
 
 
-def _bearer(client, browser) -> dict[str, str]:
-    """An API header for a signed-in page user (through the session cookie)."""
-    return {"Cookie": "; ".join(f"{k}={v}" for k, v in browser.client.cookies.items()),
-            "X-CSRF-Token": browser.csrf}
+def _api(browser, method: str, path: str, **kw):
+    """The JSON API with the browser's session (as the pages' htmx calls do)."""
+    return browser.client.request(method, "/api/v1" + path, headers={"X-CSRF-Token": browser.csrf}, **kw)
 
 
 PAGES = ["/", "/?all=1", "/timeline", "/timeline?view=week", "/book", "/me/reservations", "/me/reservations/1",
@@ -134,7 +136,7 @@ PAGES = ["/", "/?all=1", "/timeline", "/timeline?view=week", "/book", "/me/reser
 
 @pytest.mark.parametrize("url", PAGES)
 def test_every_page_in_chinese_has_no_english_left(busy_lab, url):
-    browser = busy_lab.admin if url in ("/admin",) else busy_lab.alice
+    browser = busy_lab.admin if url in ("/admin", "/approvals") else busy_lab.alice
     r = browser.get(url, headers=ZH)
     assert r.status_code == 200, r.text
     assert '<html lang="zh-CN">' in r.text and r.headers["content-language"] == "zh-CN"
