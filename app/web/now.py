@@ -49,8 +49,7 @@ HOST_BADGES = {
     HostStatus.MISCONFIGURED: N_("monitoring misconfigured"),
 }
 # Host policies and process owner states, shown through the catalog (``tr`` in the template).
-SHOWN_LABELS = (N_("observe"), N_("notify"), N_("terminate"), N_("uid only"), N_("unattributed"), N_("no passwd"),
-                N_("container"))
+SHOWN_LABELS = (N_("observe"), N_("notify"), N_("terminate"), N_("exited"), N_("access denied"), N_("not visible"))
 
 
 
