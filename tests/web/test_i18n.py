@@ -193,3 +193,15 @@ def test_htmx_fragments_and_flash_notices_follow_the_language(busy_lab):
     r = busy_lab.alice.get("/", headers={**ZH, "HX-Request": "true"})
     assert "<html" not in r.text and "更新于" in r.text and english_words(r.text) == []
     assert "预约已取消。" in busy_lab.alice.get("/me/reservations?done=cancelled", headers=ZH).text
+
+
+def test_the_api_reads_and_sets_the_language(client, make_user):
+    erin = make_user("erin")
+    assert client.get("/api/v1/me", headers=erin.headers).json()["language"] is None
+    r = client.put("/api/v1/me/language", json={"language": "zh_CN"}, headers=erin.headers)
+    assert r.status_code == 200 and r.json()["language"] == "zh_CN"
+    bad = client.put("/api/v1/me/language", json={"language": "fr"}, headers=erin.headers)
+    assert bad.status_code == 422 and bad.headers["content-type"].startswith("application/problem+json")
+    assert "language" in bad.json()["detail"]
+    assert client.get("/api/v1/me", headers=erin.headers).json()["language"] == "zh_CN"
+    assert client.put("/api/v1/me/language", json={"language": None}, headers=erin.headers).json()["language"] is None
