@@ -205,3 +205,19 @@ def test_the_api_reads_and_sets_the_language(client, make_user):
     assert "language" in bad.json()["detail"]
     assert client.get("/api/v1/me", headers=erin.headers).json()["language"] == "zh_CN"
     assert client.put("/api/v1/me/language", json={"language": None}, headers=erin.headers).json()["language"] is None
+
+
+def test_an_approval_decision_reaches_the_owner_in_their_language(weblab, session_factory):
+    from app.models import AuditLog
+
+    assert weblab.alice.post("/profile/language", {"language": "zh_CN"}).status_code == 303
+    assert _api(weblab.admin, "POST", "/rules", json={"scope": "default", "approval_above_devices": 1}).status_code == 201
+    r = _api(weblab.alice, "POST", "/reservations", json={"host": "node-01", "devices": [0, 1],
+                                                          "start": (datetime.now(UTC) + timedelta(days=2)).isoformat(),
+                                                          "duration": "PT2H"})
+    rid = r.json()["id"]
+    assert weblab.admin.post(f"/approvals/{rid}", {"decision": "deny", "reason": "maintenance week"}).status_code == 303
+    with session_factory() as s:
+        told = s.query(AuditLog).filter_by(action="notice.reservation").one().detail
+    assert told["subject"] == f"[gpuroster] 预约 {rid} 被拒绝"
+    assert told["text"].startswith(f"你在 node-01 上的预约 {rid}（") and told["text"].endswith("被 boss 拒绝：maintenance week")
