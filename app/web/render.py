@@ -140,7 +140,12 @@ def page_locale(request: Request, context: Mapping[str, Any]) -> str:
 
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR), context_processors=[_context])
 templates.env.add_extension("jinja2.ext.i18n")
-templates.env.install_gettext_callables(i18n.gettext, i18n.ngettext, newstyle=True, pgettext=i18n.pgettext)
+def _plural(singular: str, plural: str, num: int) -> str:
+    # unformatted: the i18n extension fills in ``num`` and the other variables itself
+    return i18n.translations(i18n.current_locale()).ngettext(singular, plural, num)
+
+
+templates.env.install_gettext_callables(i18n.gettext, _plural, newstyle=True, pgettext=i18n.pgettext)
 templates.env.policies["ext.i18n.trimmed"] = True
 def tr(text: Any) -> str:
     """A message chosen at run time (an error title, a state) in the reader's language; text

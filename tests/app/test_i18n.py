@@ -122,3 +122,14 @@ def test_numbers_sizes_and_durations_per_language():
         assert i18n.format_number(12345.678, 1) == "12,345.7"
         assert fmt_duration(5400) == "1小时30分" and fmt_duration(45) == "45秒"
         assert fmt_duration(2 * 86400 + 3 * 3600) == "2天3小时"
+
+
+def test_templates_translate_fill_in_and_escape():
+    from app.web.render import templates
+
+    t = templates.env.from_string(
+        '{% trans count=n, host=h %}{{ count }} device on {{ host }}{% pluralize %}{{ count }} devices on {{ host }}'
+        '{% endtrans %}|{{ _("Reservation #%(id)s", id=i) }}|{{ pgettext("start", "Now") }}|{{ tr("ok") }}')
+    assert t.render(n=3, h="<b>", i=7) == "3 devices on &lt;b&gt;|Reservation #7|Now|ok"
+    with i18n.use_locale("zh_CN"):
+        assert t.render(n=1, h="node-01", i="<7>") == "1 device on node-01|预约 #&lt;7&gt;|现在|ok"
