@@ -169,6 +169,10 @@ VOCABULARY = (
     N_("Request body too large"), N_("Service unavailable"), N_("Sign-in provider unavailable"),
     N_("Single sign-on failed"), N_("Too many sign-in attempts"), N_("Directory unavailable"), N_("Sign-in failed"),
     N_("Form refused"), N_("Not configured"), N_("Method not allowed"),
+    # error details that are whole sentences without data (shown with ``tr``; others stay as sent)
+    N_("wrong username or password"),
+    N_("the sign-in form had no valid security token (cookies off, or it was open too long); try again"),
+    N_("the change conflicts with existing data (a duplicate or a referenced row); nothing was saved"),
 )
 
 

@@ -221,3 +221,12 @@ def test_an_approval_decision_reaches_the_owner_in_their_language(weblab, sessio
         told = s.query(AuditLog).filter_by(action="notice.reservation").one().detail
     assert told["subject"] == f"[gpuroster] 预约 {rid} 被拒绝"
     assert told["text"].startswith(f"你在 node-01 上的预约 {rid}（") and told["text"].endswith("被 boss 拒绝：maintenance week")
+
+
+def test_a_failed_sign_in_is_explained_in_chinese(weblab, client):
+    from tests.web.conftest import csrf_of
+
+    form = client.get("/login", headers=ZH).text
+    r = client.post("/login", headers=ZH, data={"username": "alice", "password": "not it", "csrf_token": csrf_of(form),
+                                                  "next": "/"}, follow_redirects=False)
+    assert r.status_code == 401 and "<strong>登录失败:</strong> 用户名或密码错误" in r.text
