@@ -4,6 +4,7 @@ and, for lab members, the booking client (``login``, ``reserve``, ``status``, â€
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -273,6 +274,11 @@ boost_commands.register(cli, admin)  # boost ask|list; admin boost approve|deny
 
 
 def main() -> None:
+    """The ``gpuroster`` command: messages in the language of ``GPUROSTER_LANG`` or the
+    locale environment (``LC_ALL``, ``LC_MESSAGES``, ``LANG``), else English."""
+    from app.i18n import cli_locale, set_locale
+
+    set_locale(cli_locale(os.environ))
     cli()
 
 

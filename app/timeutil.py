@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.errors import InvalidInput
+from app.i18n import gettext as _
 
 
 def zone(name: str, *, field: str = "tz") -> ZoneInfo:
@@ -119,15 +120,17 @@ def parse_instant(
 
 
 def fmt_duration(seconds: float) -> str:
-    """Human duration: ``4h``, ``1h30m``, ``2d3h``, ``45s``."""
+    """Human duration in the current locale (:mod:`app.i18n`): ``4h``, ``1h30m``, ``2d3h``,
+    ``45s`` in English; ``4小时``, ``1小时30分``, ``2天3小时``, ``45秒`` in Chinese."""
+    day, hour, minute, second = (_("%(n)sd"), _("%(n)sh"), _("%(n)sm"), _("%(n)ss"))
     s = int(round(seconds))
     if s < 60:
-        return f"{s}s"
+        return second % {"n": s}
     d, s = divmod(s, 86400)
     h, s = divmod(s, 3600)
     m = s // 60
-    out = (f"{d}d" if d else "") + (f"{h}h" if h else "") + (f"{m}m" if m and not d else "")
-    return out or "0m"
+    out = (day % {"n": d} if d else "") + (hour % {"n": h} if h else "") + (minute % {"n": m} if m and not d else "")
+    return out or minute % {"n": 0}
 
 
 def ceil_minute(dt: datetime) -> datetime:

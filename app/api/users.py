@@ -9,6 +9,7 @@ from app.api.deps import AdminUser, CurrentUser, PageDep, RowId, SessionDep, Wri
 from app.errors import Forbidden
 from app.models import ApiToken, User
 from app.schemas.user import (
+    LanguageChoice,
     PasswordChange,
     PasswordChanged,
     TokenCreate,
@@ -27,7 +28,7 @@ router = APIRouter(tags=["users"])
 def _user_read(session, u: User) -> UserRead:
     return UserRead(
         username=u.username, display_name=u.display_name, email=u.email, unix_name=u.unix_name, unix_uid=u.unix_uid, role=u.role,
-        active=u.active, groups=user_service.group_names_of(session, u), created_at=u.created_at,
+        active=u.active, groups=user_service.group_names_of(session, u), created_at=u.created_at, language=u.language,
     )
 
 
@@ -35,6 +36,13 @@ def _user_read(session, u: User) -> UserRead:
 def me(user: CurrentUser, session: SessionDep) -> UserRead:
     """The caller's account."""
     return _user_read(session, user)
+
+
+@router.put("/me/language", response_model=UserRead, responses={422: {}})
+def set_my_language(data: LanguageChoice, user: WriteUser, session: WriteSessionDep) -> UserRead:
+    """Choose the caller's language for pages and notices (``en``, ``zh_CN``, or ``null`` for
+    the browser's ``Accept-Language``)."""
+    return _user_read(session, user_service.set_language(session, user=user, language=data.language))
 
 
 @router.post("/me/password", response_model=PasswordChanged, responses={403: {}, 422: {}})

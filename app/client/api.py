@@ -14,6 +14,7 @@ sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 import httpx  # noqa: E402
 
+from app.i18n import gettext as _
 from app import __version__
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -67,9 +68,9 @@ class Api:
         try:
             r = self._http.request(method, path, **kw)
         except httpx.TimeoutException as e:
-            raise Unreachable(f"{self.server} did not answer in time ({e.__class__.__name__})") from None
+            raise Unreachable(_("%(server)s did not answer in time (%(error)s)", server=self.server, error=e.__class__.__name__)) from None
         except httpx.TransportError as e:
-            raise Unreachable(f"cannot reach {self.server}: {e}") from None
+            raise Unreachable(_("cannot reach %(server)s: %(error)s", server=self.server, error=e)) from None
         if r.status_code >= 400:
             try:
                 doc = r.json()

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from app.i18n import gettext as _
 from app.client.context import Ctx
 from app.client.formatting import as_datetime, fmt_time, print_json, reservation_line
 
@@ -22,14 +23,15 @@ def approvals(
         print_json(rows)
         return
     if not rows:
-        typer.echo("nothing awaits your approval")
+        typer.echo(_("nothing awaits your approval"))
     for r in rows:
-        typer.echo(f"{reservation_line(r, ctx.tz)} by {r['user']}")
+        typer.echo(_("%(reservation)s by %(user)s", reservation=reservation_line(r, ctx.tz), user=r["user"]))
 
 
 def _decide(ctx: Ctx, rid: int, verb: str, reason: str | None) -> None:
     out = ctx.api.post(f"/reservations/{rid}/{verb}", {"reason": reason} if reason else None)
-    typer.echo(f"#{out['id']} {out['state']} ({verb} by {ctx.username})")
+    done = _("approved by %(user)s", user=ctx.username) if verb == "approve" else _("denied by %(user)s", user=ctx.username)
+    typer.echo(f"#{out['id']} {_(out['state'])} ({done})")
 
 
 def approve(
@@ -68,10 +70,10 @@ def maintenance(
         print_json(out)
         return
     m = out["maintenance"]
-    typer.echo(reservation_line(m, ctx.tz) + (" (open-ended)" if m["end"].startswith("9999") else ""))
+    typer.echo(reservation_line(m, ctx.tz) + (" " + _("(open-ended)") if m["end"].startswith("9999") else ""))
     for o in out["overridden"]:
-        typer.echo(f"  #{o['id']} of {o['user']} {o['action']}"
-                   + (f" (now ends {fmt_time(as_datetime(o['end']), ctx.tz)})" if o["action"] == "shortened" else ""))
+        typer.echo("  " + _("#%(id)s of %(user)s %(action)s", id=o["id"], user=o["user"], action=_(o["action"]))
+                   + (" " + _("(now ends %(end)s)", end=fmt_time(as_datetime(o["end"]), ctx.tz)) if o["action"] == "shortened" else ""))
 
 
 __all__ = ["approvals", "approve", "deny", "maintenance"]

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from app.i18n import gettext as _
 from app.client import config as client_config
 from app.client.api import Api
 from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, command, duration_option, parse_start, pick,
@@ -37,9 +38,9 @@ def login(
     """Sign in once: stores the server URL and an API token (mode 0600) under ~/.config/gpuroster/."""
     url = (server or ctx.cfg.server or "").rstrip("/")
     if not url:
-        raise Fail("--server: give the service's URL", USAGE)
+        raise Fail(_("--server: give the service's URL"), USAGE)
     if not url.startswith(("http://", "https://")):
-        raise Fail(f"--server: {url!r} must start with http:// or https://", USAGE)
+        raise Fail(_("--server: %(url)r must start with http:// or https://", url=url), USAGE)
     if token is None:
         user = username or typer.prompt("Username", default=getpass.getuser())
         if password_stdin:
@@ -59,7 +60,8 @@ def login(
     finally:
         api.close()
     path = client_config.save(client_config.ClientConfig(server=url, token=token, username=me["username"], timezone=tz))
-    typer.echo(f"signed in to {url} as {me['username']} (lab time zone {tz}); token stored in {path}")
+    typer.echo(_("signed in to %(url)s as %(user)s (lab time zone %(tz)s); token stored in %(path)s",
+                 url=url, user=me["username"], tz=tz, path=path))
 
 
 def reserve(
@@ -87,13 +89,13 @@ def reserve(
     if as_json:
         print_json(r)
         return
-    typer.echo("reserved " + reservation_line(r, ctx.tz))
+    typer.echo(_("reserved %(reservation)s", reservation=reservation_line(r, ctx.tz)))
     wanted = requested_start(body)
     if wanted is not None and as_datetime(r["start"]) > wanted + timedelta(minutes=1):  # type: ignore[operator]
-        typer.echo(f"note: {count} GPU(s) are free only from {fmt_time(as_datetime(r['start']), ctx.tz)}, "
-                   f"not {fmt_time(wanted, ctx.tz)}")
+        typer.echo(_("note: %(count)s GPU(s) are free only from %(start)s, not %(wanted)s", count=count,
+                     start=fmt_time(as_datetime(r["start"]), ctx.tz), wanted=fmt_time(wanted, ctx.tz)))
     typer.echo(f"CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']}")
-    typer.echo(f"on {r['host']}: eval \"$(gpuroster env)\"   or   gpuroster run --id {r['id']} -- <command>")
+    typer.echo(_("on %(host)s: eval \"$(gpuroster env)\"   or   gpuroster run --id %(id)s -- <command>", host=r["host"], id=r["id"]))
 
 
 def list_(
@@ -122,13 +124,13 @@ def list_(
         print_json(items)
         return
     if not items:
-        typer.echo("no reservations" + ("" if all_ else " (active or upcoming; --all for history)"))
+        typer.echo(_("no reservations") if all_ else _("no reservations (active or upcoming; --all for history)"))
         return
     tz = ctx.tz
-    rows = [[f"#{r['id']}", r["state"], r["user"], r["host"], devices_text(r), fmt_time(as_datetime(r["start"]), tz, now),
+    rows = [[f"#{r['id']}", _(r["state"]), r["user"], r["host"], devices_text(r), fmt_time(as_datetime(r["start"]), tz, now),
              fmt_time(as_datetime(r["end"]), tz, now), (r.get("note") or "")[:40]] for r in items]
-    typer.echo(table(rows, ["ID", "STATE", "USER", "HOST", "GPU", "START", "END", "NOTE"]))
-    typer.echo(f"times in {tz.key}")
+    typer.echo(table(rows, [_("ID"), _("STATE"), _("USER"), _("HOST"), "GPU", _("START"), _("END"), _("NOTE")]))
+    typer.echo(_("times in %(zone)s", zone=tz.key))
 
 
 def cancel(
@@ -140,11 +142,11 @@ def cancel(
     for rid in ids:
         if series:
             s = ctx.api.delete(f"/series/{rid}")
-            typer.echo(f"series #{rid}: cancelled {s['cancelled']} occurrence(s)" +
-                       (f"; kept {', '.join('#' + str(k) for k in s['kept'])}" if s["kept"] else ""))
+            typer.echo(_("series #%(id)s: cancelled %(count)s occurrence(s)", id=rid, count=s["cancelled"]) +
+                       (_("; kept %(ids)s", ids=", ".join("#" + str(k) for k in s["kept"])) if s["kept"] else ""))
         else:
             r = ctx.api.delete(f"/reservations/{rid}")
-            typer.echo(f"#{r['id']} {r['state']}")
+            typer.echo(f"#{r['id']} {_(r['state'])}")
 
 
 def release(
@@ -155,7 +157,7 @@ def release(
     """Give GPUs back now: the reservation ends now (an upcoming one is cancelled)."""
     r = pick(ctx, rid, host, "release")
     out = ctx.api.post(f"/reservations/{r['id']}/release")
-    typer.echo(f"#{out['id']} {out['state']} at {fmt_time(as_datetime(out['end']), ctx.tz)}")
+    typer.echo(_("#%(id)s %(state)s at %(end)s", id=out["id"], state=_(out["state"]), end=fmt_time(as_datetime(out["end"]), ctx.tz)))
 
 
 def extend(
@@ -176,7 +178,7 @@ def extend(
     if as_json:
         print_json(out)
     else:
-        typer.echo(f"#{out['id']} now ends {fmt_time(as_datetime(out['end']), ctx.tz)} ({ctx.tz.key})")
+        typer.echo(_("#%(id)s now ends %(end)s (%(zone)s)", id=out["id"], end=fmt_time(as_datetime(out["end"]), ctx.tz), zone=ctx.tz.key))
 
 
 def status(
@@ -190,7 +192,7 @@ def status(
         print_json(devices)
         return
     if not devices:
-        typer.echo("no GPUs known" + (f" on {host}" if host else ""))
+        typer.echo(_("no GPUs known on %(host)s", host=host) if host else _("no GPUs known"))
         return
     tz = ctx.tz
     now = datetime.now(UTC)
@@ -201,35 +203,39 @@ def status(
         util = "-" if t.get("utilization_gpu") is None else f"{t['utilization_gpu']:.0f}%"
         holder = d.get("holder")
         nxt = d.get("next_reservation")
-        who = holder["user"] if holder else ("(open)" if d.get("is_open") else "")
+        who = holder["user"] if holder else (_("(open)") if d.get("is_open") else "")
         until = fmt_time(as_datetime(holder["end"]), tz, now) if holder else ""
         if nxt and not holder:
-            until = f"next {nxt['user']} {fmt_time(as_datetime(nxt['start']), tz, now)}"
+            until = _("next %(user)s %(start)s", user=nxt["user"], start=fmt_time(as_datetime(nxt["start"]), tz, now))
         procs = " ".join(f"{_owner_text(p)}:{p.get('name') or p['pid']}({p['pid']})"
                          + (f" {gib(p['used_memory_mib'])}" if p.get("used_memory_mib") else "")
                          for p in d.get("processes", []))
         data = t.get("process_data") or "ok"
         if data in ("unlisted", "defunct"):
-            who_was = f", last seen: {t['last_owner']}" if t.get("last_owner") else ""
-            procs = (f"[{'defunct (zombie)' if data == 'defunct' else 'unlisted'} process{who_was}] " + procs).strip()
+            who_was = _(", last seen: %(owner)s", owner=t["last_owner"]) if t.get("last_owner") else ""
+            what = _("defunct (zombie) process") if data == "defunct" else _("unlisted process")
+            procs = (f"[{what}{who_was}] " + procs).strip()
         elif data == "unreliable":
-            procs = ("[process data unreliable] " + procs).strip()
+            procs = ("[" + _("process data unreliable") + "] " + procs).strip()
         if d.get("quarantine"):
-            procs = (f"[quarantined: {d['quarantine']['reason']}] " + procs).strip()
+            procs = ("[" + _("quarantined: %(reason)s", reason=d["quarantine"]["reason"]) + "] " + procs).strip()
         gpu = d["label"].removeprefix("GPU ")  # the column says GPU already
         if d.get("mig_profile"):
             gpu += f" {d['mig_profile']}"
-        rows.append([d["host"], gpu, (d.get("name") or "?").replace("NVIDIA ", ""), mem, util, d["status"], who, until, procs])
-    typer.echo(table(rows, ["HOST", "GPU", "MODEL", "MEMORY", "UTIL", "STATUS", "HOLDER", "UNTIL", "PROCESSES"]))
+        rows.append([d["host"], gpu, (d.get("name") or "?").replace("NVIDIA ", ""), mem, util, _(d["status"]), who, until, procs])
+    typer.echo(table(rows, [_("HOST"), "GPU", _("MODEL"), _("MEMORY"), _("UTIL"), _("STATUS"), _("HOLDER"), _("UNTIL"),
+                            _("PROCESSES")]))
     for h in ctx.api.get("/hosts"):
         if host and h["name"] != host:
             continue
         offset = h.get("clock_offset_s")
         if offset is not None and abs(offset) > 2:
-            typer.echo(f"{h['name']}: host clock {abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} the service's")
+            msg = (_("%(host)s: host clock %(s).1f s behind the service's", host=h["name"], s=abs(offset)) if offset > 0
+                   else _("%(host)s: host clock %(s).1f s ahead of the service's", host=h["name"], s=abs(offset)))
+            typer.echo(msg)
         if h.get("clock_trouble"):
-            typer.echo(f"{h['name']}: clock trouble: {h['clock_trouble']}")
-    typer.echo(f"times in {tz.key}")
+            typer.echo(_("%(host)s: clock trouble: %(trouble)s", host=h["name"], trouble=h["clock_trouble"]))
+    typer.echo(_("times in %(zone)s", zone=tz.key))
 
 
 def _owner_text(p: dict) -> str:
@@ -246,7 +252,7 @@ def move_device(
 ) -> None:
     """Admins: register a GPU to another host (it was moved, or a host reported it: see conflicts)."""
     d = ctx.api.post(f"/devices/{uuid}/move", {"host": to})
-    typer.echo(f"{d['uuid']} now belongs to {d['host']}")
+    typer.echo(_("%(uuid)s now belongs to %(host)s", uuid=d["uuid"], host=d["host"]))
 
 
 def env(
@@ -295,12 +301,13 @@ def usage(
 
         rows.append([item["rule"], "unlimited" if lim is None else show(lim), show(used), show(left),
                      item["scope"] or "", item["detail"]])
-    typer.echo(table(rows, ["LIMIT", "VALUE", "USED", "LEFT", "FROM", "DETAIL"]))
+    typer.echo(table(rows, [_("LIMIT"), _("VALUE"), _("USED"), _("LEFT"), _("FROM"), _("DETAIL")]))
     from app.client.boosts import value_text
 
     for b in u.get("boosts", []):
-        typer.echo(f"boost #{b['id']} {b['state']}: {b['limit']} to {value_text(b)} until "
-                   f"{fmt_time(as_datetime(b['end']), ctx.tz)} ({b['reason']})")
+        typer.echo(_("boost #%(id)s %(state)s: %(limit)s to %(value)s until %(end)s (%(reason)s)", id=b["id"],
+                     state=b["state"], limit=b["limit"], value=value_text(b),
+                     end=fmt_time(as_datetime(b["end"]), ctx.tz), reason=b["reason"]))
 
 
 # ---------------------------------------------------------------------------- registration

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
+from app.i18n import gettext as _
 from app.client import config as client_config
 from app.client.api import Api, ApiError, NotConfigured, Unreachable
 from app.client.units import parse_duration, parse_memory_mib
@@ -50,7 +51,7 @@ class Ctx:
     def api(self) -> Api:
         if self._api is None:
             if not self.cfg.server or not self.cfg.token:
-                raise NotConfigured("not signed in: run 'gpuroster login --server URL' (or set GPUROSTER_SERVER and GPUROSTER_TOKEN)")
+                raise NotConfigured(_("not signed in: run 'gpuroster login --server URL' (or set GPUROSTER_SERVER and GPUROSTER_TOKEN)"))
             self._api = Api(self.cfg.server, self.cfg.token)
         return self._api
 
@@ -103,16 +104,16 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(ctx, *args, **kwargs)
         except ApiError as e:
-            typer.echo(f"error: {terminal_text(_problem_message(e), keep_newlines=True)}", err=True)
+            typer.echo(_("error: %(message)s", message=terminal_text(_problem_message(e), keep_newlines=True)), err=True)
             raise typer.Exit(_code_for(e.status)) from None
         except Unreachable as e:
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(_("error: %(message)s", message=e), err=True)
             raise typer.Exit(UNREACHABLE) from None
         except NotConfigured as e:
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(_("error: %(message)s", message=e), err=True)
             raise typer.Exit(AUTH) from None
         except Fail as e:
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(_("error: %(message)s", message=e), err=True)
             raise typer.Exit(e.code) from None
         finally:
             ctx.close()
@@ -150,7 +151,7 @@ def parse_start(value: str, tz: ZoneInfo, now: datetime | None = None) -> tuple[
                     return f"{day.isoformat()}T{hh:02d}:{mm:02d}", tz.key
         dt = datetime.fromisoformat(v.replace(" ", "T", 1) if " " in v else v)
     except ValueError:
-        raise Fail(f"--start: {value!r} is not asap, HH:MM, 'YYYY-MM-DD HH:MM' or ISO 8601", USAGE) from None
+        raise Fail(_("--start: %(value)r is not asap, HH:MM, 'YYYY-MM-DD HH:MM' or ISO 8601", value=value), USAGE) from None
     if dt.tzinfo is None:
         return dt.isoformat(timespec="minutes"), tz.key
     return dt.isoformat(), None
@@ -164,7 +165,7 @@ def this_host(ctx: Ctx, given: str | None) -> str:
     for cand in (full, full.split(".")[0]):
         if cand in names:
             return cand
-    raise Fail(f"this machine ({full}) is not a GPU host known to the server; pass --host")
+    raise Fail(_("this machine (%(host)s) is not a GPU host known to the server; pass --host", host=full))
 
 
 def active_on(ctx: Ctx, host: str) -> list[dict]:
@@ -179,10 +180,10 @@ def pick(ctx: Ctx, rid: int | None, host: str | None, what: str) -> dict:
     h = this_host(ctx, host)
     active = active_on(ctx, h)
     if not active:
-        raise Fail(f"you hold no active reservation on {h}; give the reservation id to {what}")
+        raise Fail(_("you hold no active reservation on %(host)s; give the reservation id to %(what)s", host=h, what=what))
     if len(active) > 1:
         ids = ", ".join(f"#{r['id']}" for r in active)
-        raise Fail(f"you hold several active reservations on {h} ({ids}); give the id to {what}")
+        raise Fail(_("you hold several active reservations on %(host)s (%(ids)s); give the id to %(what)s", host=h, ids=ids, what=what))
     return active[0]
 
 
@@ -202,9 +203,9 @@ def reservation_body(ctx: Ctx, *, duration: str, count: int, start: str, host: s
     body: dict[str, Any] = {"duration": int(length.total_seconds()), "note": note}
     if device:
         if not host:
-            raise Fail("--device needs --host", USAGE)
+            raise Fail(_("--device needs --host"), USAGE)
         if model or min_memory:
-            raise Fail("--model and --min-memory choose devices; leave them out with --device", USAGE)
+            raise Fail(_("--model and --min-memory choose devices; leave them out with --device"), USAGE)
         body.update(host=host, devices=[int(d) if d.isdigit() else d for d in device],
                     start="now" if start_value == "asap" else start_value)
     else:

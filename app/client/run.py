@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from app.i18n import gettext as _
 from app.client.api import ApiError, Unreachable
 from app.client.context import USAGE, Ctx, Fail, active_on, reservation_body, this_host
 from app.client.formatting import as_datetime, devices_text, fmt_time
@@ -55,9 +56,9 @@ def run(
     A reservation made by run is released when the command exits, also on Ctrl-C (signals go to it first).
     """
     if not cmd:
-        raise Fail("give the command after --, e.g. gpuroster run -n 1 --for 2h -- python train.py", USAGE)
+        raise Fail(_("give the command after --, e.g. gpuroster run -n 1 --for 2h -- python train.py"), USAGE)
     if docker and ("run" not in cmd[1:2] or os.path.basename(cmd[0]) not in ("docker", "podman")):
-        raise Fail("--docker: give the container command after --, e.g. gpuroster run --docker -- docker run IMAGE", USAGE)
+        raise Fail(_("--docker: give the container command after --, e.g. gpuroster run --docker -- docker run IMAGE"), USAGE)
     created = False
     if rid is not None:  # like ``env --id``: the reservation names its host, this machine need not be one
         r = ctx.api.get(f"/reservations/{rid}")
@@ -69,14 +70,14 @@ def run(
             r = usable[0]
         else:
             if not duration:
-                raise Fail(f"you hold no active reservation with {count} GPU(s) on {h}; give --for to reserve one", USAGE)
+                raise Fail(_("you hold no active reservation with %(count)s GPU(s) on %(host)s; give --for to reserve one", count=count, host=h), USAGE)
             body = reservation_body(ctx, duration=duration, count=count, start="asap", host=h, model=model,
                                      min_memory=min_memory, device=None, note=note or f"gpuroster run: {' '.join(cmd)}"[:1024],
                                      share=None)
             r = ctx.api.create("/reservations", body)
             created = True
     if r["host"] != h:
-        raise Fail(f"reservation #{r['id']} is on {r['host']}, not on this host ({h})")
+        raise Fail(_("reservation #%(id)s is on %(host)s, not on this host (%(here)s)", id=r["id"], host=r["host"], here=h))
     if docker:
         cmd = [cmd[0], "run", *docker_args(ctx, r["cuda_visible_devices"]), *cmd[2:]]
     code = _run_reserved(ctx, r, cmd, created=created)
@@ -101,8 +102,9 @@ def _run_reserved(ctx: Ctx, r: dict, cmd: list[str], *, created: bool) -> int:
     try:
         start = as_datetime(r["start"])
         if start and start > datetime.now(UTC):
-            typer.echo(f"waiting for #{r['id']} on {r['host']} (GPU {devices_text(r)}) to start at "
-                       f"{fmt_time(start, ctx.tz)} ({ctx.tz.key}); Ctrl-C cancels it", err=True)
+            typer.echo(_("waiting for #%(id)s on %(host)s (GPU %(devices)s) to start at %(start)s (%(zone)s); Ctrl-C cancels it",
+                         id=r["id"], host=r["host"], devices=devices_text(r), start=fmt_time(start, ctx.tz), zone=ctx.tz.key),
+                       err=True)
             while not stop and (start - datetime.now(UTC)).total_seconds() > 0:
                 time.sleep(min(0.5, max(0.0, (start - datetime.now(UTC)).total_seconds())))
             if stop:
@@ -113,7 +115,7 @@ def _run_reserved(ctx: Ctx, r: dict, cmd: list[str], *, created: bool) -> int:
             child = subprocess.Popen(cmd, env=environ, preexec_fn=_foreground_child(tty) if tty is not None else None,
                                      process_group=None if tty is not None else 0)
         except OSError as e:
-            typer.echo(f"error: cannot start {cmd[0]!r}: {e.strerror or e}", err=True)
+            typer.echo(_("error: cannot start %(command)r: %(reason)s", command=cmd[0], reason=e.strerror or e), err=True)
             return 127
         if stop:  # a signal arrived while the child was being started
             os.killpg(child.pid, stop[0])
@@ -136,9 +138,9 @@ def _run_reserved(ctx: Ctx, r: dict, cmd: list[str], *, created: bool) -> int:
 def _give_back(ctx: Ctx, r: dict) -> None:
     try:
         out = ctx.api.post(f"/reservations/{r['id']}/release")
-        typer.echo(f"gpuroster: #{out['id']} {out['state']}", err=True)
+        typer.echo(f"gpuroster: #{out['id']} {_(out['state'])}", err=True)
     except (ApiError, Unreachable) as e:
-        typer.echo(f"gpuroster: could not release #{r['id']}: {e}; run 'gpuroster release {r['id']}'", err=True)
+        typer.echo(_("gpuroster: could not release #%(id)s: %(error)s; run 'gpuroster release %(id)s'", id=r["id"], error=e), err=True)
 
 
 def _controlling_tty() -> int | None:

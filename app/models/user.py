@@ -35,6 +35,8 @@ class User(Base):
     feed_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)  # SHA-256 of the calendar feed token
     # the latest end of the user's approved quota boosts: resolving limits reads boosts only before it
     boost_until: Mapped[datetime | None] = mapped_column()
+    # The language of pages and notices ("en", "zh_CN"); NULL: the browser's Accept-Language decides.
+    language: Mapped[str | None] = mapped_column(String(16), comment="preferred locale; NULL: browser's choice")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     groups: Mapped[list["Group"]] = relationship(secondary="group_members", back_populates="members", lazy="raise")

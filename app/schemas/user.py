@@ -55,6 +55,14 @@ class UserRead(BaseModel):
     active: bool
     groups: list[str] = Field(default_factory=list)
     created_at: datetime
+    language: str | None = Field(default=None, description="pages and notices: en or zh_CN; null: the browser's choice")
+
+
+class LanguageChoice(BaseModel):
+    """The caller's language for pages and notices; ``null`` follows the browser (``Accept-Language``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    language: str | None = Field(default=None, max_length=16, description="en or zh_CN; null: the browser's choice")
 
 
 class TokenCreate(BaseModel):

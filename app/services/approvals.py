@@ -26,6 +26,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import Forbidden
 from app.models import AuditLog, Device, GroupMember, Reservation, ReservationDevice, User
@@ -127,10 +128,17 @@ def decide(session: Session, *, actor: User, reservation_id: int, approve: bool,
     session.add(AuditLog(actor=f"user:{actor.username}", action=f"reservation.{action.value}",
                          target=f"reservation:{r.id}", detail={"reason": reason} if reason else {}))
     when = f"{fmt_local(r.start_at, settings.tz)} – {fmt_local(r.end_at, settings.tz)}"
-    verb = "approved" if approve else "denied"
-    text = f"Your reservation {r.id} on {r.host.name} ({when}) was {verb} by {actor.username}"
-    text += f": {reason}" if reason else "."
-    holder_notices.tell(session, kind="approvals", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} {verb}",
+    with use_locale(r.user.language):  # the owner reads it in the language they chose
+        args = {"id": r.id, "host": r.host.name, "when": when, "actor": actor.username, "reason": reason}
+        if approve:
+            subject = gettext("[gpuroster] reservation %(id)s approved", **args)
+            text = (gettext("Your reservation %(id)s on %(host)s (%(when)s) was approved by %(actor)s: %(reason)s", **args)
+                    if reason else gettext("Your reservation %(id)s on %(host)s (%(when)s) was approved by %(actor)s.", **args))
+        else:
+            subject = gettext("[gpuroster] reservation %(id)s denied", **args)
+            text = (gettext("Your reservation %(id)s on %(host)s (%(when)s) was denied by %(actor)s: %(reason)s", **args)
+                    if reason else gettext("Your reservation %(id)s on %(host)s (%(when)s) was denied by %(actor)s.", **args))
+    holder_notices.tell(session, kind="approvals", user=r.user, reservation_id=r.id, subject=subject,
                         text=text, settings=settings, actor=f"user:{actor.username}")
     if not approve:
         on_slot_freed(session, r)
@@ -160,9 +168,11 @@ def expire_due(session: Session, *, now: datetime, settings: Settings, load, ids
             i.active = False
         session.add(AuditLog(actor="system", action="reservation.expire", target=f"reservation:{r.id}",
                              detail={"start": r.start_at.isoformat()}))
-        holder_notices.tell(session, kind="approvals", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} expired",
-                            text=(f"Your reservation {r.id} on {r.host.name} reached its start "
-                                  f"{fmt_local(r.start_at, settings.tz)} without approval and expired."),
+        with use_locale(r.user.language):
+            subject = gettext("[gpuroster] reservation %(id)s expired", id=r.id)
+            text = gettext("Your reservation %(id)s on %(host)s reached its start %(start)s without approval and expired.",
+                     id=r.id, host=r.host.name, start=fmt_local(r.start_at, settings.tz))
+        holder_notices.tell(session, kind="approvals", user=r.user, reservation_id=r.id, subject=subject, text=text,
                             settings=settings, actor="system")
         on_slot_freed(session, r)
         out.append(r)

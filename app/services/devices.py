@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from app.i18n import gettext
 from app.errors import NotFound
 from app.models import (
     AuditLog, Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User,
@@ -113,13 +114,14 @@ class DeviceView:
 
 def owner_label(unix_user: str | None, owner_status: str | None, uid: int | None, uid_names: dict[int, str]) -> str:
     """Who a process is shown as: its user; a uid without a passwd entry on the host through the
-    users' Unix uids (``uid_names``: uid -> username); or the state of an owner nobody can name."""
+    users' Unix uids (``uid_names``: uid -> username); or the state of an owner nobody can name.
+    In the current locale (:mod:`app.i18n`; English outside a page)."""
     if owner_status == "uid_only":
         name = uid_names.get(uid) if uid is not None else None
-        return f"{name} (uid {uid})" if name else f"uid {uid}, unknown to gpuroster"
+        return f"{name} (uid {uid})" if name else gettext("uid %(uid)s, unknown to gpuroster", uid=uid)
     if owner_status == "unattributed":
-        return "unattributed container"
-    return unix_user or "unknown"
+        return gettext("unattributed container")
+    return unix_user or gettext("unknown")
 
 
 def _device_status(v: DeviceView, host_state: str) -> str:

@@ -22,6 +22,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import InvalidInput
 from app.models import AuditLog, Device, Reservation, User
@@ -94,23 +95,30 @@ def _override(session: Session, rid: int, *, actor: User, start: datetime, reaso
         r.end_at = start
         for i in r.items:
             i.end_at = r.end_at
-        what = f"shortened to end at {fmt_local(r.end_at, settings.tz)}"
     else:
         r.status = lifecycle.Status.CANCELLED
         r.cancelled_at = now
         for i in r.items:
             i.active = False
-        what = "cancelled"
     r.sequence += 1
     r.updated_at = now
     session.add(AuditLog(actor=f"user:{actor.username}", action="reservation.override", target=f"reservation:{r.id}",
                          detail={"result": "shortened" if cut else "cancelled", "from": old_end.isoformat(),
                                  "to": r.end_at.isoformat(), "reason": reason}))
-    holder_notices.tell(
-        session, user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} {what.split(' ')[0]}",
-        text=(f"Your reservation {r.id} on {r.host.name} ({fmt_local(r.start_at, settings.tz)} – "
-              f"{fmt_local(old_end, settings.tz)}) was {what} by {actor.username} for maintenance: {reason}"),
-        settings=settings, actor=f"user:{actor.username}")
+    with use_locale(r.user.language):  # the owner reads it in the language they chose
+        args = {"id": r.id, "host": r.host.name, "start": fmt_local(r.start_at, settings.tz),
+                "end": fmt_local(old_end, settings.tz), "actor": actor.username, "reason": reason,
+                "new_end": fmt_local(r.end_at, settings.tz)}
+        if cut:
+            subject = gettext("[gpuroster] reservation %(id)s shortened", **args)
+            text = gettext("Your reservation %(id)s on %(host)s (%(start)s – %(end)s) was shortened to end at %(new_end)s "
+                     "by %(actor)s for maintenance: %(reason)s", **args)
+        else:
+            subject = gettext("[gpuroster] reservation %(id)s cancelled", **args)
+            text = gettext("Your reservation %(id)s on %(host)s (%(start)s – %(end)s) was cancelled by %(actor)s for "
+                     "maintenance: %(reason)s", **args)
+    holder_notices.tell(session, user=r.user, reservation_id=r.id, subject=subject, text=text,
+                        settings=settings, actor=f"user:{actor.username}")
     session.flush()
     on_slot_freed(session, r)
     return Overridden(r.id, r.user.username, "shortened" if cut else "cancelled", r.end_at)

@@ -31,7 +31,6 @@ Delivery: after the commit, in the background (a transactional outbox)
 from __future__ import annotations
 
 import logging
-import re
 import smtplib
 import threading
 from collections.abc import Sequence
@@ -48,15 +47,16 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.models import Device, Finding, Host, Notice, NotifyTarget, User, utcnow
-from app.models.states import LIVE_FINDING_STATES, FindingKind
-from app.sanitize import chat_text, email_header
-from app.services import channels
+from app.models.states import LIVE_FINDING_STATES
+from app.sanitize import email_header
+from app.i18n import use_locale
+from app.services import channels, notice_text
+from app.services.notice_text import ADMIN_KINDS
+from app.services.notice_text import clean as _clean
 
 log = logging.getLogger(__name__)
 
 SERVICE_CHANNELS = ("web", "email", "webhook")
-#: Findings about a process nobody can be named for: the admins are told.
-ADMIN_KINDS = (FindingKind.UNATTRIBUTED, FindingKind.UNKNOWN_UID)
 ACTIVE_STATES = LIVE_FINDING_STATES
 SMTP_TIMEOUT_S = 10.0
 WEBHOOK_TIMEOUT_S = 5.0
@@ -68,15 +68,9 @@ WEBHOOK_TRANSPORT: httpx.BaseTransport | None = None
 
 _PENDING = "gpuroster.pending_notices"
 _HOOKED = "gpuroster.notice_hook"
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
 _inflight: set[Future] = set()
-
-
-def _clean(text: str | None, limit: int = 300) -> str:
-    t = _CONTROL.sub("?", text or "").replace("\n", " ")
-    return t if len(t) <= limit else t[: limit - 1] + "…"
 
 
 # ------------------------------------------------------------------------------------------
@@ -222,65 +216,6 @@ class Outgoing:
     target: str | None = None  # an apprise URL: sent through app.services.channels
 
 
-def _device_label(d: Device | None, uuid_hint: str | None = None) -> str:
-    if d is None:
-        return f"device {uuid_hint}" if uuid_hint else "an unknown device"
-    idx = f"GPU {d.index} " if d.index is not None else ""
-    name = f"{d.name} " if d.name else ""
-    return f"{idx}{name}(UUID {d.uuid}, bus {d.pci_bus_id or 'n/a'})"
-
-
-def _compose(n: Notice, f: Finding, host: Host, device: Device | None, settings: Settings) -> tuple[str, str]:
-    where = _device_label(device)
-    proc = f"process {f.pid} ({_clean(f.command, 160)})" if f.pid else ""
-    link = settings.base_url.rstrip("/") + "/findings"
-    if f.kind in ADMIN_KINDS:
-        if f.kind == "unattributed":
-            who = (f"a container whose owner gpuroster cannot find: id {f.container_id or '?'}, "
-                   f"name {f.container_name or '?'}, image {f.container_image or '?'}")
-        else:
-            who = f"uid {f.uid}, unknown to gpuroster (give the user that Unix uid on the admin page)"
-        held = f", reserved by {f.holder}" if f.holder else ""
-        subject = f"[gpuroster] {f.kind.replace('_', ' ')} process on {host.name}: {where.split(' (')[0]}"
-        text = f"gpuroster: {host.name} {where}{held}: {proc} of {who}. Nothing is signalled until its owner is known."
-        if n.channel == "webhook":
-            # the legacy webhook posts raw Slack/Mattermost text: the whole line as literal text;
-            # apprise targets are escaped per channel by app.services.channels
-            return subject, chat_text(text, limit=1000) if n.detail == "webhook" else text
-        return subject, f"{text}\n\n{link}\n"
-    if n.channel == "email" and n.detail == "holder":
-        subject = f"[gpuroster] your reserved {where.split(' (')[0]} on {host.name} is occupied"
-        body = (f"Your reservation {f.reservation_id or ''} of {where} on {host.name} is occupied by "
-                f"{f.unix_user}'s {proc}.\n{f.unix_user} has been told (host policy: {host.policy}).\n\n{link}\n")
-        return subject, body
-    what = {"foreign": f"on a GPU reserved by {f.holder}", "overrun": "after its reservation ended",
-            "unreserved": "on a GPU without a reservation", "idle": "idle reservation"}.get(f.kind, f.kind)
-    subject = f"[gpuroster] {f.kind} on {host.name}: {where.split(' (')[0]}"
-    if n.channel == "webhook":
-        # the legacy webhook (detail "webhook") gets Slack markup escaped here; apprise targets
-        # are escaped per channel by app.services.channels, so they get the values as they are
-        return subject, _webhook_text(f, host, where, escape=chat_text if n.detail == "webhook" else _plain)
-    body = (f.message or f"{f.unix_user}'s {proc} on {host.name} {where}: {what}.") + f"\n\nHost policy: {host.policy}.\n{link}\n"
-    return subject, body
-
-
-def _plain(value: object) -> str:
-    return "" if value is None else str(value)
-
-
-def _webhook_text(f: Finding, host: Host, where: str, *, escape=chat_text) -> str:
-    """The chat message: every value a lab member or a process chose goes through ``escape``
-    (:func:`app.sanitize.chat_text` for a raw webhook), so it shows literally (no mention,
-    link or markup)."""
-    c = escape
-    if f.kind == "idle":
-        return f"gpuroster: {c(host.name)} {c(where)}: reservation {f.reservation_id} of {c(f.holder)} is idle"
-    proc = f"process {f.pid} {c(f.command)}" if f.pid else "a process"
-    what = {"foreign": f"on a GPU reserved by {c(f.holder)}", "overrun": "after its reservation ended",
-            "unreserved": "on a GPU without a reservation"}.get(f.kind, c(f.kind))
-    return f"gpuroster: {c(host.name)} {c(where)}: {c(f.unix_user)}'s {proc} {what} (policy {host.policy}, state {f.state})"
-
-
 def _claim(session: Session, ids: list[int] | None, now: datetime, settings: Settings) -> list[Outgoing]:
     conds = [Notice.status == "pending", Notice.channel.in_(("email", "webhook"))]
     if ids is not None:  # these, plus orphans another process queued but never sent
@@ -300,7 +235,8 @@ def _claim(session: Session, ids: list[int] | None, now: datetime, settings: Set
             continue
         host = session.get(Host, f.host_id)
         device = session.get(Device, f.device_id) if f.device_id else None
-        subject, body = _compose(n, f, host, device, settings)
+        with use_locale(notice_text.recipient_language(session, n)):  # the recipient's chosen language
+            subject, body = notice_text.compose(n, f, host, device, settings)
         out.append(Outgoing(n.id, n.channel, n.recipient or "", subject, body, target=_target_url(session, n, settings)))
     return out
 

@@ -46,7 +46,16 @@ _HOST = ("id", "name", "policy", "last_seen_at", "last_seq", "last_collected_at"
 
 DeviceInfo = namedtuple("DeviceInfo", _DEVICE)
 Telemetry = namedtuple("Telemetry", _TELEMETRY)
-Process = namedtuple("Process", (*_PROCESS, "owner"))  # owner: who the page names (devices.owner_label)
+class Process(namedtuple("Process", (*_PROCESS, "uid_name"))):
+    """A listed process; ``uid_name``: the gpuroster user whose Unix uid a bare uid is (or ``None``)."""
+
+    __slots__ = ()
+
+    @property
+    def owner(self) -> str:
+        """Who the page names (:func:`~app.services.devices.owner_label`), in the current
+        locale: worked out when drawn, so a cached process serves readers of any language."""
+        return owner_label(self.unix_user, self.owner_status, self.uid, {self.uid: self.uid_name} if self.uid_name else {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +220,7 @@ def read_devices(session: Session, host_ids: list[int]) -> dict[int, list[Device
     for host_id, infos in per_host.items():
         rows = []
         for d in sorted(infos, key=_order):
-            plist = tuple(Process._make((*p, owner_label(p[3], p[8], p[4], uid_names))) for p in sorted(procs.get(d.id, ()), key=_pid))
+            plist = tuple(Process._make((*p, uid_names.get(p[4]))) for p in sorted(procs.get(d.id, ()), key=_pid))
             t, found = tele.get(d.id), findings.get(d.id, {})
             label = slice_label(d.index, d.parent_id, d.gpu_instance_id, d.uuid, parent_index.get(d.parent_id))
             rows.append(DeviceNow(

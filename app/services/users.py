@@ -208,3 +208,18 @@ def group_names_of(session: Session, user: User) -> list[str]:
         select(Group.name).join(GroupMember, GroupMember.group_id == Group.id).where(GroupMember.user_id == user.id)
     )
     return list(rows)
+
+
+def set_language(session: Session, *, user: User, language: str | None) -> User:
+    """Store ``user``'s language for pages and notices: a locale of :data:`app.i18n.LANGUAGES`
+    (``"en"``, ``"zh_CN"``), or ``None``/``""`` to follow the browser's ``Accept-Language``.
+    Raises InvalidInput (field ``language``) for any other value."""
+    from app.i18n import LANGUAGES
+
+    value = language or None
+    if value is not None and value not in LANGUAGES:
+        raise InvalidInput(f"language: {language!r} is not offered (one of {', '.join(LANGUAGES)}, or empty)",
+                           field="language")
+    user.language = value
+    session.flush()
+    return user

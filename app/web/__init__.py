@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.i18n import lazy_gettext as _l
 from app.errors import AppError, localize_instants, validation_problem
 from app.web.deps import Viewer, cookie_user_resolver, viewer_for
 from app.web.render import is_htmx, page
@@ -91,7 +92,7 @@ def install_page_error_handlers(app: FastAPI) -> None:
         if not routed_to_page(request) or not isinstance(exc, StarletteHTTPException):
             return await api_http(request, exc)
         title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
-        detail = f"there is no page at {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        detail = _l("there is no page at %(path)s", path=request.url.path) if exc.status_code == 404 else str(exc.detail)
         return await error_page(request, status=exc.status_code, title=title, detail=detail)
 
     async def integrity(request: Request, exc: Exception):

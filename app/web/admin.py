@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from app.i18n import lazy_gettext as _l
 from app.api.deps import SessionDep, WriteSessionDep
 from app.errors import AppError, InvalidInput
 from app.models import Device, User, utcnow
@@ -39,12 +40,12 @@ router = page_router()
 
 NO_STORE = {"Cache-Control": "no-store"}
 DONE = {
-    "user-created": "User created.", "user-changed": "User changed.", "group-created": "Group created.",
-    "members-added": "Members added.", "member-removed": "Member removed.", "host-changed": "Host settings saved.",
-    "device-changed": "Device changed.",
-    "device-moved": "Device moved to its new host.",
-    "quarantine-cleared": "Quarantine cleared: the device is bookable again.",
-    "password-set": "Password set; that user's browser sessions were ended.",
+    "user-created": _l("User created."), "user-changed": _l("User changed."), "group-created": _l("Group created."),
+    "members-added": _l("Members added."), "member-removed": _l("Member removed."), "host-changed": _l("Host settings saved."),
+    "device-changed": _l("Device changed."),
+    "device-moved": _l("Device moved to its new host."),
+    "quarantine-cleared": _l("Quarantine cleared: the device is bookable again."),
+    "password-set": _l("Password set; that user's browser sessions were ended."),
 }
 
 

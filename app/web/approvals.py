@@ -10,6 +10,7 @@ from fastapi import Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
+from app.i18n import lazy_gettext as _l
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.errors import AppError, InvalidInput
 from app.models import utcnow
@@ -38,10 +39,10 @@ def _page(request: Request, session: Session, viewer: Viewer, *, status: int = 2
 def approvals_page(request: Request, viewer: PageViewer, session: SessionDep,
                    done: Annotated[str | None, Query(max_length=32)] = None) -> Response:
     """Pending reservations the viewer may approve or deny."""
-    notice = {"approve": "Reservation approved; its owner was told.",
-              "deny": "Reservation denied; its owner was told.",
-              "boost-approve": "Boost approved; it applies now and its member was told.",
-              "boost-deny": "Boost denied; its member was told."}.get(done or "")
+    notice = {"approve": _l("Reservation approved; its owner was told."),
+              "deny": _l("Reservation denied; its owner was told."),
+              "boost-approve": _l("Boost approved; it applies now and its member was told."),
+              "boost-deny": _l("Boost denied; its member was told.")}.get(done or "")
     return _page(request, session, viewer, notice=notice)
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, QueryParams
 
+from app.i18n import lazy_gettext as _l
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.config import Settings
 from app.errors import AppError, Conflict, InvalidInput, ReservationConflict
@@ -281,7 +282,7 @@ def _check_response(request: Request, viewer: Viewer, session: Session, settings
     check: BookingCheck | None = None
     check_error = check_field = check_note = None
     if form.mode == "count":
-        check_note = "Placement picks the devices, and the earliest start at which enough are free, when you book."
+        check_note = _l("Placement picks the devices, and the earliest start at which enough are free, when you book.")
     elif form.devices:  # with no device chosen yet there is nothing to check
         try:
             check = check_booking(session, form=form, settings=settings, now=now)

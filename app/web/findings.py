@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
+from app.i18n import N_
 from app.api.deps import SessionDep
 from app.models import User, utcnow
 from app.models.states import LIVE_FINDING_STATES
@@ -31,12 +32,12 @@ RECENT_DAYS = 7
 LIMIT = 500
 OPEN_STATES = LIVE_FINDING_STATES
 KIND_TEXT = {
-    "unreserved": "unreserved: no reservation covers the process",
-    "foreign": "foreign: the device is reserved by someone else",
-    "overrun": "overrun: still running after the reservation ended",
-    "idle": "idle: reserved devices stay idle",
-    "unattributed": "unattributed: a container whose owner cannot be found (admins are told)",
-    "unknown_uid": "unknown uid: a uid no gpuroster user has (admins are told)",
+    "unreserved": N_("unreserved: no reservation covers the process"),
+    "foreign": N_("foreign: the device is reserved by someone else"),
+    "overrun": N_("overrun: still running after the reservation ended"),
+    "idle": N_("idle: reserved devices stay idle"),
+    "unattributed": N_("unattributed: a container whose owner cannot be found (admins are told)"),
+    "unknown_uid": N_("unknown uid: a uid no gpuroster user has (admins are told)"),
 }
 
 

@@ -14,6 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.i18n import lazy_gettext as _l
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.config import Settings
 from app.errors import AppError, InvalidInput, ReservationConflict
@@ -97,12 +98,12 @@ def my_reservations_page(
     done: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Response:
     """The viewer's reservations with their actions."""
-    notices = {"cancelled": "Reservation cancelled.", "released": "Devices released.", "extended": "Reservation changed.",
-               "waiting": "Added to your waitlist: you are served in turn when devices are freed.",
-               "wait-booked": "They were free already: booked for you (see Upcoming).",
-               "wait-notified": "They are free already: book them from your waitlist below.",
-               "wait-cancelled": "Waitlist entry cancelled.",
-               "kept": "Kept: it is left alone for the rest of its time."}
+    notices = {"cancelled": _l("Reservation cancelled."), "released": _l("Devices released."), "extended": _l("Reservation changed."),
+               "waiting": _l("Added to your waitlist: you are served in turn when devices are freed."),
+               "wait-booked": _l("They were free already: booked for you (see Upcoming)."),
+               "wait-notified": _l("They are free already: book them from your waitlist below."),
+               "wait-cancelled": _l("Waitlist entry cancelled."),
+               "kept": _l("Kept: it is left alone for the rest of its time.")}
     return list_page(request, session, viewer, settings, notice=notices.get(done or ""))
 
 
@@ -117,7 +118,7 @@ def reservation_page(
     ctx = {
         "viewer": viewer, "active": "mine", "r": r, "state": reservation_service.reservation_state(r, now),
         "exports": export_lines(r), "now": now, "can_change": viewer.user.is_admin or r.user_id == viewer.user.id,
-        "notice": "Booked. Copy the lines below into the shell that starts your job." if booked else None,
+        "notice": _l("Booked. Copy the lines below into the shell that starts your job.") if booked else None,
         "read": reservation_service.to_read(r, now), "labels": device_labels(session, [r]),
     }
     return page(request, "reservation.html", ctx)

@@ -13,6 +13,8 @@ from fastapi.responses import Response
 from markupsafe import Markup
 from sqlalchemy.orm import Session
 
+from app import i18n
+from app.i18n import N_
 from app.api.deps import SessionDep
 from app.config import Settings
 from app.models import utcnow
@@ -24,7 +26,7 @@ from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
 from app.services.now_state import DeviceRowNow, HostNow, NowCache
 from app.web.deps import PageViewer
-from app.web.render import page, templates
+from app.web.render import page, page_locale, templates
 from app.web.routing import page_router
 
 router = page_router()
@@ -32,26 +34,29 @@ router = page_router()
 REFRESH_SECONDS = 5
 
 DEVICE_BADGES = {
-    DeviceStatus.FREE: "free",
-    DeviceStatus.RESERVED_IDLE: "reserved, idle",
-    DeviceStatus.IN_USE: "in use",
-    DeviceStatus.FINDING: "finding",
-    DeviceStatus.OCCUPIED_UNLISTED: "occupied, unlisted process",
-    DeviceStatus.UNRELIABLE: "process data unreliable",
-    DeviceStatus.MONITORING_DOWN: "monitoring down",
-    DeviceStatus.STALE: "stale agent",
-    DeviceStatus.LOST: "lost GPU",
-    DeviceStatus.RETIRED: "retired",
+    DeviceStatus.FREE: N_("free"),
+    DeviceStatus.RESERVED_IDLE: N_("reserved, idle"),
+    DeviceStatus.IN_USE: N_("in use"),
+    DeviceStatus.FINDING: N_("finding"),
+    DeviceStatus.OCCUPIED_UNLISTED: N_("occupied, unlisted process"),
+    DeviceStatus.UNRELIABLE: N_("process data unreliable"),
+    DeviceStatus.MONITORING_DOWN: N_("monitoring down"),
+    DeviceStatus.STALE: N_("stale agent"),
+    DeviceStatus.LOST: N_("lost GPU"),
+    DeviceStatus.RETIRED: N_("retired"),
 }
 HOST_BADGES = {
-    HostStatus.OK: "agent ok",
-    HostStatus.STALE: "stale agent",
-    HostStatus.NEVER: "no snapshot yet",
-    HostStatus.DOWN: "monitoring down",
-    HostStatus.DEGRADED: "monitoring degraded",
-    HostStatus.NO_DRIVER: "no NVIDIA driver",
-    HostStatus.MISCONFIGURED: "monitoring misconfigured",
+    HostStatus.OK: N_("agent ok"),
+    HostStatus.STALE: N_("stale agent"),
+    HostStatus.NEVER: N_("no snapshot yet"),
+    HostStatus.DOWN: N_("monitoring down"),
+    HostStatus.DEGRADED: N_("monitoring degraded"),
+    HostStatus.NO_DRIVER: N_("no NVIDIA driver"),
+    HostStatus.MISCONFIGURED: N_("monitoring misconfigured"),
 }
+# Host policies and process owner states, shown through the catalog (``tr`` in the template).
+SHOWN_LABELS = (N_("observe"), N_("notify"), N_("terminate"), N_("exited"), N_("access denied"), N_("not visible"))
+
 
 
 @dataclass
@@ -112,23 +117,28 @@ def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int
     return cards, pages
 
 
-DRAWN_PER_DEVICE = 2  # drawings kept per device between two snapshots of its host (its status or holder changed)
+# drawings kept per device between two snapshots of its host (its status, holder or quarantine
+# changed, or readers of both languages look at it)
+DRAWN_PER_DEVICE = 2 * len(i18n.LANGUAGES)
 
 
-def device_html(row: DeviceRow, *, settings: Settings, now: datetime) -> Markup:
-    """The ``<article>`` of one device (``_now_device.html``), reused from its cached state
-    while its status, holder, next reservation and the lab's date stay the same: times
-    print as a clock time today and with their date on other days, so the date is part
-    of what is reused; so is the open quarantine (read on every view), so opening or
-    clearing one draws the device again."""
+def device_html(row: DeviceRow, *, settings: Settings, now: datetime, locale: str) -> Markup:
+    """The ``<article>`` of one device (``_now_device.html``) in ``locale`` (a key of
+    :data:`app.i18n.LANGUAGES`), reused from its cached state while its status, holder,
+    next reservation and the lab's date stay the same: times print as a clock time today
+    and with their date on other days, so the date is part of what is reused; so are the
+    open quarantine (read on every view: opening or clearing one draws the device again)
+    and the language."""
     v = row.view
-    key = (v.status, v.holder, v.next_reservation, v.quarantine, now.astimezone(settings.tz).date())
+    key = (locale, v.status, v.holder, v.next_reservation, v.quarantine, now.astimezone(settings.tz).date())
     drawn = v.state.drawn
     html = drawn.get(key)
     if html is None:
         if len(drawn) >= DRAWN_PER_DEVICE:
             drawn.clear()
-        html = drawn[key] = Markup(templates.get_template("_now_device.html").render(row=row, settings=settings, now=now))
+        with i18n.use_locale(locale):
+            html = Markup(templates.get_template("_now_device.html").render(row=row, settings=settings, now=now))
+        drawn[key] = html
     return html
 
 
@@ -155,9 +165,10 @@ def now_page(
                             cache=now_cache(request))
     page_no = min(page_no, pages)
     settings = request.app.state.settings
+    locale = page_locale(request, {"viewer": viewer})
     for card in cards:
         for row in card.devices:
-            row.html = device_html(row, settings=settings, now=now)
+            row.html = device_html(row, settings=settings, now=now, locale=locale)
     poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
     ctx = {"viewer": viewer, "active": "now", "cards": cards, "now": now, "refresh": REFRESH_SECONDS,
            "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url,

@@ -17,6 +17,7 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.i18n import lazy_gettext as _l
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.errors import AppError, InvalidInput, NotFound
 from app.models import ApiToken, utcnow
@@ -52,7 +53,8 @@ def profile_page(
     done: Annotated[str | None, Query(max_length=16)] = None,
 ) -> Response:
     """The account and its API tokens."""
-    notice = {"revoked": "Token revoked.", "password": "Password changed; your other sessions were signed out."}.get(done or "")
+    notice = {"revoked": _l("Token revoked."), "password": _l("Password changed; your other sessions were signed out."),
+              "language": _l("Language saved.")}.get(done or "")
     return page(request, "profile.html", profile_context(session, viewer=viewer, notice=notice))
 
 
@@ -124,3 +126,15 @@ def change_password(request: Request, viewer: FormViewer, session: WriteSessionD
         ctx = profile_context(session, viewer=viewer, error=e.detail, error_title=e.title, error_field=e.field)
         return page(request, "profile.html", ctx, status=e.status)
     return RedirectResponse("/profile?done=password", status_code=303)
+
+
+@router.post("/profile/language")
+def set_language(request: Request, viewer: FormViewer, session: WriteSessionDep, form: FormBody) -> Response:
+    """Store the viewer's language (empty: follow the browser); the next page is in it."""
+    try:
+        user_service.set_language(session, user=viewer.user, language=form_str(form, "language"))
+    except AppError as e:
+        session.rollback()
+        ctx = profile_context(session, viewer=viewer, error=e.detail, error_title=e.title, error_field=e.field)
+        return page(request, "profile.html", ctx, status=e.status)
+    return RedirectResponse("/profile?done=language#language", status_code=303)

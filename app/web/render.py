@@ -4,6 +4,10 @@
 Times are shown in the lab's time zone (``settings.timezone``) inside ``<time>`` elements
 whose ``datetime`` attribute and ``title`` carry UTC. Telemetry that NVML could not give
 (``None``) is shown as "n/a", never as 0.
+
+Pages are rendered in the reader's language (:mod:`app.i18n`): the templates use the Jinja2
+i18n extension (``{% trans %}``, ``_()``), and dates, numbers and sizes are formatted with
+Babel for that language.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from starlette.responses import Response
 
+from app import i18n
+from app.i18n import N_, NC_, _, lazy_gettext
 from app.timeutil import fmt_duration
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
-NA = "n/a"
+NA = lazy_gettext("n/a")
 
 
 def is_htmx(request: Request) -> bool:
@@ -39,15 +45,9 @@ def _tz(ctx: Mapping[str, Any]):
 
 def _local(dt: datetime, tz, now: datetime | None) -> str:
     try:
-        loc = dt.astimezone(tz)
+        return i18n.format_when(dt, tz, now=now)
     except OverflowError:  # an open-ended hold ends at the end of year 9999 UTC, past the zone's range
-        return "open-ended"
-    ref = (now or datetime.now(UTC)).astimezone(tz)
-    if loc.date() == ref.date():
-        return loc.strftime("%H:%M")
-    if loc.year == ref.year:
-        return loc.strftime("%a %d %b %H:%M")
-    return loc.strftime("%a %d %b %Y %H:%M")
+        return _("open-ended")
 
 
 @pass_context
@@ -58,9 +58,9 @@ def when(ctx: Mapping[str, Any], dt: datetime | None, *, full: bool = False) -> 
     tz = _tz(ctx)
     if full:
         try:
-            text = dt.astimezone(tz).strftime("%a %d %b %Y %H:%M")
+            text = i18n.format_when(dt, tz, full=True)
         except OverflowError:
-            text = "open-ended"
+            text = _("open-ended")
     else:
         text = _local(dt, tz, ctx.get("now"))
     utc = dt.astimezone(UTC)
@@ -82,30 +82,28 @@ def local_input(ctx: Mapping[str, Any], dt: datetime | None) -> str:
 
 @pass_context
 def ago(ctx: Mapping[str, Any], dt: datetime | None) -> str:
-    """"12 s ago" / "3h5m ago"; "never" for ``None``."""
+    """"12s ago" / "3h5m ago" in the reader's language; "never" for ``None``."""
     if dt is None:
-        return "never"
+        return _("never")
     now = ctx.get("now") or datetime.now(UTC)
     secs = (now - dt).total_seconds()
     if secs < 0:
-        return "in " + fmt_duration(-secs)
-    return fmt_duration(secs) + " ago"
+        return _("in %(duration)s", duration=fmt_duration(-secs))
+    return _("%(duration)s ago", duration=fmt_duration(secs))
 
 
 def mib(value: float | None) -> str:
     """Memory in MiB as text: ``512 MiB``, ``79.6 GiB``; "n/a" when unknown."""
     if value is None:
-        return NA
-    if value >= 1024:
-        return f"{value / 1024:.1f} GiB"
-    return f"{value:.0f} MiB"
+        return str(NA)
+    return i18n.format_mib(value)
 
 
 def unit(value: float | None, suffix: str, digits: int = 0) -> str:
     """A number with its unit (``73 %``, ``61 °C``); "n/a" when unknown."""
     if value is None:
-        return NA
-    return f"{value:.{digits}f}{suffix}"
+        return str(NA)
+    return i18n.format_number(value, digits) + suffix
 
 
 def percent_of(part: float | None, whole: float | None) -> float | None:
@@ -129,11 +127,62 @@ def short_id(value: str | None, n: int = 12) -> str:
 
 
 def _context(request: Request) -> dict[str, Any]:
-    return {"settings": request.app.state.settings}
+    return {"settings": request.app.state.settings, "languages": i18n.LANGUAGES}
+
+
+def page_locale(request: Request, context: Mapping[str, Any]) -> str:
+    """The language of a page: the signed-in viewer's stored preference, else the browser's
+    ``Accept-Language``, else English (:func:`app.i18n.negotiate`)."""
+    viewer = context.get("viewer")
+    preference = getattr(getattr(viewer, "user", None), "language", None)
+    return i18n.negotiate(request.headers.get("accept-language"), preference)
 
 
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR), context_processors=[_context])
-templates.env.globals.update(when=when, local_input=local_input, ago=ago)
+templates.env.add_extension("jinja2.ext.i18n")
+def _plural(singular: str, plural: str, num: int) -> str:
+    # unformatted: the i18n extension fills in ``num`` and the other variables itself
+    return i18n.translations(i18n.current_locale()).ngettext(singular, plural, num)
+
+
+templates.env.install_gettext_callables(i18n.gettext, _plural, newstyle=True, pgettext=i18n.pgettext)
+templates.env.policies["ext.i18n.trimmed"] = True
+def tr(text: Any) -> str:
+    """A message chosen at run time (an error title, a state) in the reader's language; text
+    without a translation (user data) comes back unchanged. Autoescaped like any value."""
+    return _(str(text)) if text is not None else ""
+
+
+# Values the pages show through ``tr`` (states, kinds, channels, roles), marked for the catalog.
+VOCABULARY = (
+    N_("confirmed"), N_("cancelled"), N_("released"), N_("pending"), N_("denied"), N_("expired"), N_("active"),
+    N_("upcoming"), N_("ended"), N_("unreserved"), N_("foreign"), N_("overrun"), N_("idle"), N_("unattributed"),
+    N_("unknown_uid"), N_("open"), N_("notified"), N_("terminated"), N_("resolved"), N_("terminal"), N_("web"),
+    N_("email"), N_("webhook"), N_("sent"), N_("sending"), N_("skipped"), N_("failed"), N_("member"), N_("admin"),
+    N_("findings"), N_("approvals"), N_("waitlist"), N_("no-shows"), N_("quarantine"), N_("sigterm"), N_("sigkill"),
+    # host states (``HostStatus``, underscores shown as spaces), shown with pgettext("host", …)
+    NC_("host", "never"), NC_("host", "stale"), NC_("host", "ok"), NC_("host", "degraded"), NC_("host", "down"),
+    NC_("host", "no driver"), NC_("host", "misconfigured"),
+    # error titles (the classes of app/errors.py and the services' own)
+    N_("Error"), N_("Bad request"), N_("Authentication required"), N_("Forbidden"), N_("Not found"), N_("Conflict"),
+    N_("Reservation conflict"), N_("Reservation is history"), N_("Invalid input"), N_("Refused by a sharing rule"),
+    N_("Request body too large"), N_("Service unavailable"), N_("Sign-in provider unavailable"),
+    N_("Single sign-on failed"), N_("Too many sign-in attempts"), N_("Directory unavailable"), N_("Sign-in failed"),
+    N_("Form refused"), N_("Not configured"), N_("Method not allowed"),
+    # error details that are whole sentences without data (shown with ``tr``; others stay as sent)
+    N_("wrong username or password"),
+    N_("the sign-in form had no valid security token (cookies off, or it was open too long); try again"),
+    N_("the change conflicts with existing data (a duplicate or a referenced row); nothing was saved"),
+)
+
+
+def number(value: float | None, digits: int = 0) -> str:
+    """A number with ``digits`` decimals in the reader's format; "n/a" when unknown."""
+    return str(NA) if value is None else i18n.format_number(value, digits)
+
+
+templates.env.globals.update(when=when, local_input=local_input, ago=ago, tr=tr)
+templates.env.filters.update(number=number, day=i18n.format_day)
 templates.env.filters.update(mib=mib, unit=unit, duration=duration, short_id=short_id, percent_of=percent_of)
 templates.env.trim_blocks = True
 templates.env.lstrip_blocks = True
@@ -153,8 +202,12 @@ def page(
     Every response carries ``Vary: HX-Request`` because one URL serves page and fragment.
     """
     context.setdefault("now", datetime.now(UTC))
-    hdrs = {"Vary": "HX-Request", **(headers or {})}
-    if block and is_htmx(request):
-        return templates.TemplateResponse(request, name, context, status_code=status, headers=hdrs, block_name=block)
-    return templates.TemplateResponse(request, name, context, status_code=status, headers=hdrs)
+    locale = page_locale(request, context)
+    context.setdefault("html_lang", i18n.html_lang(locale))
+    # The language depends on the viewer and on Accept-Language; Content-Language names it.
+    hdrs = {"Vary": "HX-Request, Accept-Language", "Content-Language": i18n.html_lang(locale), **(headers or {})}
+    with i18n.use_locale(locale):  # TemplateResponse renders at once, inside the block
+        if block and is_htmx(request):
+            return templates.TemplateResponse(request, name, context, status_code=status, headers=hdrs, block_name=block)
+        return templates.TemplateResponse(request, name, context, status_code=status, headers=hdrs)
 

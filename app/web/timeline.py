@@ -19,6 +19,8 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from app import i18n
+from app.i18n import _
 from app.api.deps import SessionDep, SettingsDep
 from app.errors import InvalidInput
 from app.models import Device, DeviceQuarantine, Host, utcnow
@@ -26,7 +28,7 @@ from app.services import conflicts as conflict_service
 from app.services.devices import device_label
 from app.services.quarantined import open_by_device, quarantine_of
 from app.web.deps import PageViewer
-from app.web.render import page
+from app.web.render import page, page_locale
 from app.web.routing import page_router
 
 router = page_router()
@@ -48,9 +50,9 @@ class Column:
 def fmt_end(end: datetime, tz: ZoneInfo) -> str:
     """A bar's end in ``tz``; ``open-ended`` for an end the zone cannot show (end of year 9999 UTC)."""
     try:
-        return f"{end.astimezone(tz):%a %d %b %H:%M}"
+        return i18n.format_local(end, tz, "datetime")
     except OverflowError:
-        return "open-ended"
+        return _("open-ended")
 
 
 @dataclass
@@ -209,7 +211,8 @@ def _free_slots(
                 })
                 slots.append(FreeSlot(
                     left=pct(piece), width=pct(piece_end) - pct(piece), href=f"/book?{query}",
-                    title=f"Book GPU {device.index if device.index is not None else '?'} from {local.strftime('%a %d %b %H:%M')}",
+                    title=_("Book GPU %(index)s from %(start)s", index=device.index if device.index is not None else "?",
+                          start=i18n.format_local(local, tz, "datetime")),
                 ))
             piece = piece_end
     return slots
@@ -242,10 +245,10 @@ def timeline_view(
     held = conflict_service.holdings(session, devices=devices, start=start, end=end)
 
     col_starts, cells = _cells(day, view, tz, start, end)
-    fmt = "%H" if view == "day" else "%a %d"
+    style = "hour" if view == "day" else "weekday_day"
     columns = [
         Column(left=pct(c), width=pct(col_starts[i + 1] if i + 1 < len(col_starts) else end) - pct(c),
-               label=c.astimezone(tz).strftime(fmt), start=c)
+               label=i18n.format_local(c, tz, style), start=c)
         for i, c in enumerate(col_starts)
     ]
     max_length = timedelta(hours=1) if view == "day" else timedelta(hours=6)
@@ -259,7 +262,7 @@ def timeline_view(
     hosts: dict[str, list[Row]] = {}
     for d in sorted(devices, key=sort_key):
         label = device_label(d, by_id.get(d.parent_id) if d.parent_id else None)
-        row = Row(device=d, label=label, model=d.name or "unknown model", quarantine=quarantine_of(quarantines, d))
+        row = Row(device=d, label=label, model=d.name or _("unknown model"), quarantine=quarantine_of(quarantines, d))
         seen: set[int] = set()
         for h in held.get(d.id, []):
             r = h.reservation
@@ -269,11 +272,11 @@ def timeline_view(
             s, e = max(r.start_at, start), min(r.end_at, end)
             local_s = r.start_at.astimezone(tz)
             local_e = fmt_end(r.end_at, tz)
-            kind = "maintenance: " if r.kind == "maintenance" else ""
+            kind = _("maintenance: ") if r.kind == "maintenance" else ""
             text = kind + r.user.username + _via(h, d) + (f" · {r.note}" if r.note else "")
             row.bars.append(Bar(
                 left=pct(s), width=max(pct(e) - pct(s), 0.3), label=text,
-                title=f"#{r.id} {text}: {local_s:%a %d %b %H:%M} – {local_e} ({r.status})",
+                title=f"#{r.id} {text}: {i18n.format_local(local_s, tz, 'datetime')} – {local_e} ({_(r.status)})",
                 href=f"/me/reservations/{r.id}", mine=r.user_id == viewer_id, released=r.status == "released",
             ))
         row.lanes = stack(row.bars)
@@ -301,6 +304,7 @@ def timeline_page(
 ) -> Response:
     """Reservations of every device for a day or a week; htmx navigation swaps the ``timeline`` block."""
     now = utcnow()
-    tl = timeline_view(session, day=parse_day(day, tz=settings.tz, now=now), view=view, tz=settings.tz, now=now,
-                       viewer_id=viewer.user.id)
+    with i18n.use_locale(page_locale(request, {"viewer": viewer})):  # labels and titles are built here
+        tl = timeline_view(session, day=parse_day(day, tz=settings.tz, now=now), view=view, tz=settings.tz, now=now,
+                           viewer_id=viewer.user.id)
     return page(request, "timeline.html", {"viewer": viewer, "active": "timeline", "tl": tl, "now": now}, block="timeline")

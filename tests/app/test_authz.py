@@ -22,6 +22,7 @@ MATRIX = [
     ("GET", "/api/v1/me", _row(401, 200, 200, 200, 403, 403)),
     # the lab's users have no password, so the "current password" is always wrong: 403
     ("POST", "/api/v1/me/password", _row(401, 403, 403, 403, 403, 403)),
+    ("PUT", "/api/v1/me/language", _row(401, 200, 200, 200, 403, 403)),
     ("GET", "/api/v1/users", _row(401, 200, 200, 200, 403, 403)),
     ("POST", "/api/v1/users", _row(401, 403, 403, 201, 403, 403)),
     ("PATCH", "/api/v1/users/{username}", _row(401, 403, 403, 200, 403, 403)),
@@ -129,6 +130,8 @@ def test_authorization_matrix(client, lab, make_host, make_user):
             return {"url": "wecombot://abcdef0123"}
         if path == "/api/v1/me/notice-preferences" and method == "PUT":
             return {"waitlist": False}
+        if path == "/api/v1/me/language":
+            return {"language": "zh_CN"}
         if path == "/api/v1/users" and method == "POST":
             return {"username": f"new{next(seq)}"}
         if path.startswith("/api/v1/users/"):

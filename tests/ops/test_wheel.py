@@ -7,7 +7,8 @@ build leftovers), ``pip wheel`` builds the wheel there, and a new virtual enviro
    while FastAPI, SQLAlchemy and Jinja2 are absent;
 2. the wheel with ``[server]``: ``gpuroster migrate`` and ``gpuroster demo`` run from a folder
    outside the repository, so templates, static files, migrations and ``alembic.ini`` must
-   come from the installed package; ``/healthz`` and ``/`` (via the sign-in page) answer.
+   come from the installed package; ``/healthz`` and ``/`` (via the sign-in page) answer, and
+   the sign-in page speaks Chinese to a Chinese browser (the catalogs are package data).
 
 Packages come from the package index (pip's cache makes reruns quick).
 """
@@ -77,7 +78,8 @@ def test_wheel_carries_templates_static_files_migrations_and_alembic_ini(wheel):
                    "app/static/htmx.min.js", "app/static/app.css", "agent/captures/SOURCES.md",
                    "app/static/favicon.svg", "app/static/swagger-init.js", "app/static/vendor/SOURCES.md",
                    "app/static/vendor/swagger-ui/swagger-ui-bundle.js", "app/static/vendor/swagger-ui/LICENSE",
-                   "app/static/vendor/redoc/redoc.standalone.js", "app/static/vendor/redoc/LICENSE"):
+                   "app/static/vendor/redoc/redoc.standalone.js", "app/static/vendor/redoc/LICENSE",
+                   "app/locale/zh_CN/LC_MESSAGES/messages.po"):
         assert needed in names, needed
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
 
@@ -127,6 +129,8 @@ def test_agent_install_then_server_install_from_the_wheel(wheel, tmp_path):
             page = browser.get("/", headers={"Accept": "text/html"})
             assert page.status_code == 200 and "text/html" in page.headers["content-type"]
             assert re.search(r'name="csrf_token"', page.text), "a signed-out browser lands on the sign-in form"
+            zh = browser.get("/login", headers={"Accept": "text/html", "Accept-Language": "zh-CN"})
+            assert "<h1>登录</h1>" in zh.text, "the Chinese catalog comes with the installed package"
             css = browser.get("/static/app.css")
             assert css.status_code == 200 and css.text.strip()
     finally:
