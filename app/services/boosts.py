@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from app.i18n import gettext
 from app.config import Settings
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.models import AuditLog, QuotaBoost, User
@@ -56,12 +57,17 @@ def unit(limit_name: str) -> str:
 
 
 def fmt_value(limit_name: str, value: float) -> str:
-    """A limit's value for people: ``4 devices``, ``12h``, ``80 GPU-hours``."""
+    """A limit's value for people: ``4 devices``, ``12h``, ``80 GPU-hours`` (in the current
+    locale, :mod:`app.i18n`; English outside a page)."""
     u = unit(limit_name)
     if u == "seconds":
         return fmt_duration(value)
     if u == "GPU-hours":
-        return f"{fmt_hours(value)} GPU-hours"
+        return gettext("%(n)s GPU-hours", n=fmt_hours(value))
+    if u == "devices":
+        return gettext("%(n)s devices", n=int(value))
+    if u == "reservations":
+        return gettext("%(n)s reservations", n=int(value))
     return f"{int(value)} {u}"
 
 

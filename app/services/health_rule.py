@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from agent.schema import DeviceReport
+from app.i18n import N_, gettext
 
 #: XID codes that mean the device (not the user's program) is in trouble
 CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
@@ -34,13 +35,13 @@ CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140
 SELF_CLEARING = frozenset({"thermal_slowdown", "power_slowdown"})
 
 _TEXT = {
-    "gpu_lost": "GPU lost (fell off the bus)",
-    "ecc_uncorrected": "uncorrectable ECC errors",
-    "retired_pages_pending": "retired memory pages pending (GPU reset needed)",
-    "remapped_rows_pending": "remapped memory rows pending (GPU reset needed)",
-    "remapped_rows_failure": "memory row remapping failed",
-    "thermal_slowdown": "thermal slowdown",
-    "power_slowdown": "power brake slowdown",
+    "gpu_lost": N_("GPU lost (fell off the bus)"),
+    "ecc_uncorrected": N_("uncorrectable ECC errors"),
+    "retired_pages_pending": N_("retired memory pages pending (GPU reset needed)"),
+    "remapped_rows_pending": N_("remapped memory rows pending (GPU reset needed)"),
+    "remapped_rows_failure": N_("memory row remapping failed"),
+    "thermal_slowdown": N_("thermal slowdown"),
+    "power_slowdown": N_("power brake slowdown"),
 }
 
 
@@ -75,7 +76,7 @@ def critical_conditions(report: DeviceReport) -> list[Condition]:
         if kind == "xid":
             if check.value not in CRITICAL_XIDS:
                 continue
-            cond = Condition(kind, f"xid:{check.value}", f"XID {check.value} error")
+            cond = Condition(kind, f"xid:{check.value}", f"XID {check.value} error")  # local_reason words it again
         elif kind == "ecc_uncorrected":
             count = check.value or 0
             if count <= 0:
@@ -93,4 +94,21 @@ def describe(conditions: list[Condition] | list[dict]) -> str:
     return "; ".join(reasons)[:512]
 
 
-__all__ = ["CRITICAL_XIDS", "Condition", "SELF_CLEARING", "critical_conditions", "describe"]
+def local_reason(conditions: list[dict] | list[Condition] | tuple[str, ...]) -> str:
+    """:func:`describe` in the current locale (:mod:`app.i18n`), rebuilt from the conditions'
+    keys (dicts or :class:`Condition` with ``key``, or the key strings themselves), so a page
+    shows a stored quarantine's reason in its reader's language; English outside a page."""
+    parts = []
+    for c in conditions:
+        key = c if isinstance(c, str) else (c["key"] if isinstance(c, dict) else c.key)
+        kind, _sep, value = key.partition(":")
+        if kind == "xid":
+            parts.append(gettext("XID %(code)s error", code=value))
+        elif kind == "ecc_uncorrected":
+            parts.append(gettext("%(count)s uncorrectable ECC errors", count=value))
+        else:
+            parts.append(gettext(_TEXT[kind]) if kind in _TEXT else kind)
+    return "; ".join(parts)[:512]
+
+
+__all__ = ["CRITICAL_XIDS", "Condition", "SELF_CLEARING", "critical_conditions", "describe", "local_reason"]

@@ -7,7 +7,7 @@ plain limits, each with the scope it comes from (:func:`app.services.rules.resol
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -15,9 +15,10 @@ from sqlalchemy.orm import Session
 
 from app.models import User
 from app.services import boosts as boost_service
-from app.services.calendar_quotas import CALENDAR_LIMITS, window_of
+from app.services.calendar_quotas import CALENDAR_LIMITS, CalendarWindow, window_of
 from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, quota_window
 from app.services.rules import LIST_LIMITS, resolve_limits
+from app.i18n import N_, current_locale, format_day, format_local, gettext
 from app.timeutil import fmt_duration
 
 
@@ -32,6 +33,20 @@ class UsageItem:
     detail: str
     boosted_from: Any = None
     boost_until: datetime | None = None
+
+
+def _day(d: date) -> str:
+    # "Tue 01 Dec" in English, as before; the reader's own form in other languages
+    return f"{d:%a %d %b}" if current_locale() == "en" else format_local(datetime(d.year, d.month, d.day, tzinfo=UTC), UTC, "weekday_day")
+
+
+def _window(w: CalendarWindow, today: date) -> str:
+    # the window's label (calendar_quotas.window_of) in the current locale
+    if w.kind == "day":
+        return gettext("day %(day)s", day=f"{today:%a} {today.isoformat()}" if current_locale() == "en" else format_day(today))
+    if w.kind == "week":
+        return gettext("ISO week %(week)s", week=w.label.rsplit(" ", 1)[-1])
+    return gettext("month %(month)s", month=w.label.rsplit(" ", 1)[-1])
 
 
 def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[str, Any]:
@@ -58,15 +73,17 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
     items: list[UsageItem] = []
     lim = limits["max_devices"]
     items.append(UsageItem("max_devices", lim.value, held, left(lim.value, held), "devices", lim.scope,
-                           f"{held} device(s) held now" + (f", the first until {fmt_local(until, tz, now)}" if until else "")))
+                           gettext("%(n)s device(s) held now, the first until %(end)s", n=held, end=fmt_local(until, tz, now))
+                           if until else gettext("%(n)s device(s) held now", n=held)))
     lim = limits["max_concurrent_reservations"]
     items.append(UsageItem("max_concurrent_reservations", lim.value, res_now, left(lim.value, res_now), "reservations",
-                           lim.scope, f"{res_now} reservation(s) active now"))
+                           lim.scope, gettext("%(n)s reservation(s) active now", n=res_now)))
     lim = limits["max_gpu_hours_7d"]
     items.append(UsageItem("max_gpu_hours_7d", lim.value, round(hours, 4),
                            None if lim.value is None else round(max(0.0, lim.value - hours), 4), "GPU-hours", lim.scope,
-                           f"{fmt_hours(hours)} GPU-hours booked {ws.astimezone(tz):%a %d %b} – "
-                           f"{(we - timedelta(seconds=1)).astimezone(tz):%a %d %b} ({tz.key})"))
+                           gettext("%(hours)s GPU-hours booked %(start)s – %(end)s (%(zone)s)", hours=fmt_hours(hours),
+                                   start=_day(ws.astimezone(tz).date()), end=_day((we - timedelta(seconds=1)).astimezone(tz).date()),
+                                   zone=tz.key)))
     for name, kind in CALENDAR_LIMITS.items():
         lim = limits[name]
         w = window_of(kind, today, tz)
@@ -74,21 +91,22 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
                             w.start, w.end)
         items.append(UsageItem(name, lim.value, round(used, 4), None if lim.value is None else
                                round(max(0.0, lim.value - used), 4), "GPU-hours", lim.scope,
-                               f"{fmt_hours(used)} GPU-hours booked in {w.label} ({fmt_hours(w.hours)} h long)"))
-    for name, unit, what in (("max_duration_seconds", "seconds", "longest reservation"),
-                             ("max_ahead_seconds", "seconds", "how far ahead a reservation may start")):
+                               gettext("%(hours)s GPU-hours booked in %(window)s (%(length)s h long)", hours=fmt_hours(used),
+                                       window=_window(w, today), length=fmt_hours(w.hours))))
+    for name, unit, what in (("max_duration_seconds", "seconds", N_("longest reservation")),
+                             ("max_ahead_seconds", "seconds", N_("how far ahead a reservation may start"))):
         lim = limits[name]
-        items.append(UsageItem(name, lim.value, None, None, unit, lim.scope,
-                               f"{what}: {fmt_duration(lim.value) if lim.value is not None else 'unlimited'}"))
+        items.append(UsageItem(name, lim.value, None, None, unit, lim.scope, "%s: %s" % (
+            gettext(what), fmt_duration(lim.value) if lim.value is not None else gettext("unlimited"))))
     for name in LIST_LIMITS:
         lim = limits[name]
         items.append(UsageItem(name, lim.value, None, None, "names", lim.scope,
-                               "any" if lim.value is None else ", ".join(lim.value)))
+                               gettext("any") if lim.value is None else ", ".join(lim.value)))
     for item in items:
         lim = limits[item.rule]
         if lim.boost_id is not None:
             item.boosted_from, item.boost_until = lim.base, lim.boost_until
-            item.detail += f"; raised by boost {lim.boost_id} until {fmt_local(lim.boost_until, tz, now)}"
+            item.detail += gettext("; raised by boost %(id)s until %(end)s", id=lim.boost_id, end=fmt_local(lim.boost_until, tz, now))
     return {
         "boosts": boost_service.of_user(session, user=user, now=now),
         "user": user.username,

@@ -25,8 +25,9 @@ def open_by_device(session, device_ids: Iterable[int] | None = None) -> dict[int
     return {row.device_id: row for row in session.scalars(q.order_by(DeviceQuarantine.id))}
 
 
-QuarantineNow = namedtuple("QuarantineNow", ("id", "reason", "started_at", "self_clearing"))
-"""An open quarantine as a plain value (``started_at`` UTC): compared by value, so pages may
+QuarantineNow = namedtuple("QuarantineNow", ("id", "reason", "started_at", "self_clearing", "keys"))
+"""An open quarantine as a plain value (``started_at`` UTC; ``keys``: its conditions' keys, a
+tuple, for :func:`app.services.health_rule.local_reason`): compared by value, so pages may
 key what they draw on it."""
 
 
@@ -38,11 +39,12 @@ def open_plain(session, device_ids: Iterable[int], *, chunk: int = 4000) -> dict
     for i in range(0, len(ids), chunk):
         for dev_id, *rest in session.execute(
             select(DeviceQuarantine.device_id, DeviceQuarantine.id, DeviceQuarantine.reason,
-                   DeviceQuarantine.started_at, DeviceQuarantine.self_clearing)
+                   DeviceQuarantine.started_at, DeviceQuarantine.self_clearing, DeviceQuarantine.conditions)
             .where(DeviceQuarantine.cleared_at.is_(None), DeviceQuarantine.device_id.in_(ids[i : i + chunk]))
             .order_by(DeviceQuarantine.id)
         ):
-            out[dev_id] = QuarantineNow._make(rest)
+            *head, conditions = rest
+            out[dev_id] = QuarantineNow(*head, tuple(c["key"] for c in conditions or ()))
     return out
 
 

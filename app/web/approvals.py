@@ -20,7 +20,7 @@ from app.services import reservations as reservation_service
 from app.services.conflicts import loaded_options
 from app.web import boost_forms
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
-from app.web.render import page
+from app.web.render import page, page_locale
 from app.web.routing import page_router
 
 router = page_router()
@@ -31,7 +31,7 @@ def _page(request: Request, session: Session, viewer: Viewer, *, status: int = 2
     pending = svc.list_pending(session, actor=viewer.user, now=now, load_options=loaded_options())
     ctx = {"viewer": viewer, "active": "approvals", "pending": pending, "now": now,
            "refs": lambda r: reservation_service.to_read(r, now).devices,
-           **boost_forms.approvals_context(session, viewer=viewer), **extra}
+           **boost_forms.approvals_context(session, viewer=viewer, locale=page_locale(request, {"viewer": viewer})), **extra}
     return page(request, "approvals.html", ctx, status=status)
 
 

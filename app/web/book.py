@@ -245,8 +245,8 @@ def wait_offer(form: BookForm) -> dict[str, Any] | None:
         return None
     fields = [("count", count), ("host", form.host), ("when", form.when), ("start", form.start),
               ("length", form.length), ("note", form.note)]
-    what = f"{count} device(s){f' of {form.host}' if form.host else ''} for {form.length} h"
-    return {"fields": fields, "what": what, "key": new_form_key()}
+    # what is waited for is worded by the template, in the reader's language
+    return {"fields": fields, "count": count, "host": form.host, "length": form.length, "key": new_form_key()}
 
 
 @router.get("/book")

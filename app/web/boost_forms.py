@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app import i18n
 from app.client.units import parse_duration
 from app.config import Settings
 from app.errors import InvalidInput
@@ -21,20 +22,23 @@ from app.web.idempotency import new_form_key
 FIELDS = ("limit", "value", "end", "reason")
 
 
-def usage_context(session: Session, *, viewer: Viewer, settings: Settings) -> dict[str, Any]:
+def usage_context(session: Session, *, viewer: Viewer, settings: Settings, locale: str | None = None) -> dict[str, Any]:
     """What the Usage page shows of the viewer's own limits: ``my_limits`` (usage items),
-    ``my_boosts`` (pending and active), ``boostable`` limit names and a fresh form key."""
+    ``my_boosts`` (pending and active), ``boostable`` limit names and a fresh form key;
+    the texts in ``locale`` (the page's language)."""
     now = utcnow()
-    u = limit_usage.usage(session, user=viewer.user, now=now, tz=settings.tz)
-    return {"my_limits": u["limits"], "my_boosts": [(b, svc.state(b, now), svc.fmt_value(b.limit_name, b.value))
-                                                    for b in u["boosts"]],
-            "boostable": svc.BOOSTABLE, "boost_form": {f: "" for f in FIELDS}, "idempotency_key": new_form_key()}
+    with i18n.use_locale(locale):
+        u = limit_usage.usage(session, user=viewer.user, now=now, tz=settings.tz)
+        return {"my_limits": u["limits"], "my_boosts": [(b, svc.state(b, now), svc.fmt_value(b.limit_name, b.value))
+                                                        for b in u["boosts"]],
+                "boostable": svc.BOOSTABLE, "boost_form": {f: "" for f in FIELDS}, "idempotency_key": new_form_key()}
 
 
-def approvals_context(session: Session, *, viewer: Viewer) -> dict[str, Any]:
-    """``boosts``: pending boosts the viewer may decide, with their value as text."""
-    return {"boosts": [(b, svc.fmt_value(b.limit_name, b.value))
-                       for b in svc.to_decide(session, actor=viewer.user, now=utcnow())]}
+def approvals_context(session: Session, *, viewer: Viewer, locale: str | None = None) -> dict[str, Any]:
+    """``boosts``: pending boosts the viewer may decide, with their value as text in ``locale``."""
+    with i18n.use_locale(locale):
+        return {"boosts": [(b, svc.fmt_value(b.limit_name, b.value))
+                           for b in svc.to_decide(session, actor=viewer.user, now=utcnow())]}
 
 
 def form_value(limit_name: str, text: str) -> float:

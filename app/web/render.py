@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from app import i18n
 from app.i18n import N_, NC_, _, lazy_gettext
+from app.services.health_rule import local_reason
 from app.timeutil import fmt_duration
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
@@ -160,6 +161,7 @@ VOCABULARY = (
     N_("unknown_uid"), N_("open"), N_("notified"), N_("terminated"), N_("resolved"), N_("terminal"), N_("web"),
     N_("email"), N_("webhook"), N_("sent"), N_("sending"), N_("skipped"), N_("failed"), N_("member"), N_("admin"),
     N_("findings"), N_("approvals"), N_("waitlist"), N_("no-shows"), N_("quarantine"), N_("sigterm"), N_("sigkill"),
+    N_("waiting"), N_("booked"), N_("approved"), N_("default"),
     # host states (``HostStatus``, underscores shown as spaces), shown with pgettext("host", …)
     NC_("host", "never"), NC_("host", "stale"), NC_("host", "ok"), NC_("host", "degraded"), NC_("host", "down"),
     NC_("host", "no driver"), NC_("host", "misconfigured"),
@@ -176,12 +178,19 @@ VOCABULARY = (
 )
 
 
+def quarantine_reason(q: Any) -> str:
+    """The reason of quarantine ``q`` (a :class:`~app.models.DeviceQuarantine` or a
+    :data:`~app.services.quarantined.QuarantineNow`) in the reader's language."""
+    conditions = getattr(q, "conditions", None) or getattr(q, "keys", None)
+    return local_reason(conditions) if conditions else q.reason
+
+
 def number(value: float | None, digits: int = 0) -> str:
     """A number with ``digits`` decimals in the reader's format; "n/a" when unknown."""
     return str(NA) if value is None else i18n.format_number(value, digits)
 
 
-templates.env.globals.update(when=when, local_input=local_input, ago=ago, tr=tr)
+templates.env.globals.update(when=when, local_input=local_input, ago=ago, tr=tr, quarantine_reason=quarantine_reason)
 templates.env.filters.update(number=number, day=i18n.format_day)
 templates.env.filters.update(mib=mib, unit=unit, duration=duration, short_id=short_id, percent_of=percent_of)
 templates.env.trim_blocks = True

@@ -15,6 +15,7 @@ from app.api.boosts import parse_end
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.api.reports import FromQ, GroupQ, ThresholdQ, ToQ, UserQ
 from app.errors import AppError, InvalidInput
+from app.i18n import lazy_gettext as _l
 from app.models import utcnow
 from app.services import boosts as boost_service
 from app.services import reports as report_service
@@ -22,7 +23,7 @@ from app.config import Settings
 from app.web import boost_forms
 from app.web.deps import FormBody, FormViewer, PageViewer, Viewer, form_str
 from app.web.idempotency import FormIdempotencyDep
-from app.web.render import page
+from app.web.render import page, page_locale
 from app.web.routing import page_router
 
 router = page_router()
@@ -35,7 +36,7 @@ def usage_page(request: Request, viewer: PageViewer, session: SessionDep, settin
                done: Annotated[str | None, Query(max_length=16)] = None) -> Response:
     """The report as a page, with links to the previous and next month, and the viewer's own
     limits, quota boosts and the form to ask for one."""
-    notice = "Boost asked; you will be told when it is decided." if done == "boost" else None
+    notice = _l("Boost asked; you will be told when it is decided.") if done == "boost" else None
     return render_usage(request, viewer=viewer, session=session, settings=settings, user=user, group=group,
                         from_=from_, to=to, threshold=threshold, extra={"notice": notice})
 
@@ -62,7 +63,7 @@ def render_usage(request: Request, *, viewer: Viewer, session: Session, settings
         "prev": {"from": day(prev_month), "to": day(this_month)},
         "next": {"from": day(next_month), "to": day(report_service.next_month(next_month, tz))},
         "form": {"user": user or "", "group": group or "", "from": from_ or "", "to": to or "", "threshold": threshold},
-        **boost_forms.usage_context(session, viewer=viewer, settings=settings),
+        **boost_forms.usage_context(session, viewer=viewer, settings=settings, locale=page_locale(request, {"viewer": viewer})),
         **(extra or {}),
     }, status=status)
 

@@ -16,7 +16,12 @@ from html.parser import HTMLParser
 
 import pytest
 
+from sqlalchemy import update
+
 from app import i18n
+from app.services.rules import LIMIT_FIELDS
+from app.db import run_in_transaction
+from app.models import Reservation
 from tests.conftest import gpu, snapshot_body
 
 ZH = {"Accept-Language": "zh-CN,zh;q=0.9,en;q=0.5"}
@@ -26,14 +31,17 @@ TECHNICAL = {
     "gpuroster", "GPU", "GPUs", "UUID", "UUIDs", "PID", "pid", "CUDA", "CUDA_VISIBLE_DEVICES", "NVIDIA", "NVML", "MIG",
     "API", "URL", "curl", "Authorization", "Bearer", "LDAP", "OIDC", "SSO", "JSON", "UTC", "MiB", "GiB", "TiB", "W",
     "uid", "htmx", "apprise", "mmost", "dingtalk", "wecombot", "feishu", "mailto", "Slack", "Mattermost", "iCalendar",
-    "SHA", "English", "ID", "Unix", "N", "SIGTERM", "SIGKILL", "Webhook", "Europe", "Berlin", "h", "s", "d", "m", "nvidia", "smi", "CSV",
+    "SHA", "English", "ID", "ISO", "XID", "ECC", "Unix", "N", "SIGTERM", "SIGKILL", "Webhook", "Europe", "Berlin", "h", "s", "d", "m", "nvidia", "smi", "CSV",
 }
 
 # The fixture lab's data: user, host, device, process and container names.
 DATA = {
-    "boss", "alice", "bob", "mallory", "eve", "node", "lab", "example", "python", "train", "py", "epochs", "sim",
+    "ablation", "sweep", "max_devices", "boss", "alice", "bob", "mallory", "eve", "node", "lab", "example", "python", "train", "py", "epochs", "sim",
     "NVIDIA", "laptop", "test", "fine", "tune", "llama", "Xorg", "gnome", "shell", "vision",
 }
+
+# Limit names are the API's field names (the Usage page lists them as they are, like CUDA_VISIBLE_DEVICES).
+TECHNICAL |= set(LIMIT_FIELDS)
 
 ATTRS = ("title", "aria-label", "placeholder", "data-confirm", "alt")
 
@@ -89,9 +97,10 @@ def english_message_ids() -> set[str]:
 
 
 @pytest.fixture
-def busy_lab(weblab, client):
+def busy_lab(weblab, client, session_factory):
     """The web lab with something on every page: reservations (active, upcoming, past, pending
-    approval), an open and a closed finding, API tokens."""
+    approval), an open and a closed finding, API tokens, a quarantined device, a check-in
+    question, a waitlist entry and a pending quota boost."""
     now = datetime.now(UTC)
     t0 = now - timedelta(minutes=10)
     uuid0, uuid1 = weblab.devices[0], weblab.devices[1]
@@ -111,12 +120,33 @@ def busy_lab(weblab, client):
     r = client.post("/api/v1/agent/snapshots", json=body, headers={"Authorization": f"Bearer {weblab.host_token}"})
     assert r.status_code == 200, r.text
     start = (now + timedelta(hours=3)).replace(second=0, microsecond=0)
+    booked = []
     for who, dev, begin, hours in ((weblab.alice, 2, now, 2), (weblab.alice, 3, start, 1.5), (weblab.bob, 2, start + timedelta(hours=3), 1)):
         r = _api(who, "POST", "/reservations", json={"host": "node-01", "devices": [weblab.devices[dev]], "start": begin.isoformat(),
                                                     "duration": f"PT{int(hours * 60)}M", "note": "fine-tune llama"})
         assert r.status_code == 201, r.text
-    assert _api(weblab.admin, "POST", "/rules", json={"scope": "default", "approval_above_devices": 1}).status_code == 201
-    r = _api(weblab.alice, "POST", "/reservations", json={"host": "node-01", "devices": [0, 1],
+        booked.append(r.json()["id"])
+    # GPU 1 is quarantined until an admin clears it (after the bookings: it refuses new ones)
+    devices = [gpu(u, i) for i, u in enumerate(weblab.devices)]
+    devices[1]["health_checks"] = [{"kind": "retired_pages_pending", "state": "bad"}]
+    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 3, devices, processes=procs, findings=findings),
+                    headers={"Authorization": f"Bearer {weblab.host_token}"})
+    assert r.status_code == 200, r.text
+    # the active reservation asks "no check-in yet — keep it?"
+    run_in_transaction(session_factory, lambda s: s.execute(
+        update(Reservation).where(Reservation.id == booked[0]).values(checkin_warned_at=now)))
+    # every bookable device at once is taken now: a waitlist entry waits for them
+    key = re.search(r'name="idempotency_key" value="([^"]+)"', weblab.alice.get("/book").text).group(1)
+    r = weblab.alice.post("/me/waitlist", {"count": "3", "host": "node-01", "when": "now", "length": "1",
+                                           "within": "3", "book": "0", "idempotency_key": key})
+    assert r.status_code == 303 and r.headers["location"] == "/me/reservations?done=waiting#waitlist", r.text
+    assert _api(weblab.admin, "POST", "/rules", json={"scope": "default", "approval_above_devices": 1,
+                                                      "max_devices": 8}).status_code == 201
+    key = re.search(r'name="idempotency_key" value="([^"]+)"', weblab.alice.get("/reports/usage").text).group(1)
+    r = weblab.alice.post("/boosts", {"limit": "max_devices", "value": "10", "reason": "ablation sweep", "idempotency_key": key,
+                                      "end": (now + timedelta(days=3)).date().isoformat()})
+    assert r.status_code == 303, r.text
+    r = _api(weblab.alice, "POST", "/reservations", json={"host": "node-01", "devices": [0, 3],
                                                           "start": (now + timedelta(days=2)).isoformat(), "duration": "PT2H"})
     assert r.status_code == 201 and r.json()["state"] == "pending", r.text
     assert weblab.alice.post("/profile/tokens", {"name": "laptop"}).status_code == 201
@@ -129,14 +159,14 @@ def _api(browser, method: str, path: str, **kw):
     return browser.client.request(method, "/api/v1" + path, headers={"X-CSRF-Token": browser.csrf}, **kw)
 
 
-PAGES = ["/", "/?all=1", "/timeline", "/timeline?view=week", "/book", "/me/reservations", "/me/reservations/1",
+PAGES = ["/", "/?all=1", "/me/reservations?done=waiting", "/reports/usage?done=boost", "/admin?done=quarantine-cleared", "/timeline", "/timeline?view=week", "/book", "/me/reservations", "/me/reservations/1",
          "/findings", "/reports/usage", "/reports/usage?user=alice", "/approvals", "/admin", "/profile",
          "/profile?done=revoked", "/me/reservations?done=cancelled"]
 
 
 @pytest.mark.parametrize("url", PAGES)
 def test_every_page_in_chinese_has_no_english_left(busy_lab, url):
-    browser = busy_lab.admin if url in ("/admin", "/approvals") else busy_lab.alice
+    browser = busy_lab.admin if url.startswith(("/admin", "/approvals")) else busy_lab.alice
     r = browser.get(url, headers=ZH)
     assert r.status_code == 200, r.text
     assert '<html lang="zh-CN">' in r.text and r.headers["content-language"] == "zh-CN"
