@@ -14,6 +14,7 @@ import typer
 from app.client.context import EXIT_CODES, USAGE, Ctx, Fail, command
 from app.client.formatting import as_datetime, fmt_span, fmt_time, print_json, table
 from app.client.units import parse_duration
+from app.i18n import gettext as _
 
 
 def value_text(b: dict) -> str:
@@ -21,12 +22,14 @@ def value_text(b: dict) -> str:
     if b["unit"] == "seconds":
         return fmt_span(b["value"])
     v = b["value"]
-    return f"{v:g} {b['unit']}"
+    units = {"devices": _("%(n)s devices", n=f"{v:g}"), "reservations": _("%(n)s reservations", n=f"{v:g}"),
+             "GPU-hours": _("%(n)s GPU-hours", n=f"{v:g}")}
+    return units.get(b["unit"], f"{v:g} {b['unit']}")
 
 
 def _line(b: dict, ctx: Ctx) -> list[str]:
     decided = f"{b['decided_by']}" + (f": {b['decision_reason']}" if b["decision_reason"] else "") if b["decided_by"] else ""
-    return [f"#{b['id']}", b["state"], b["user"], b["limit"], value_text(b), fmt_time(as_datetime(b["end"]), ctx.tz),
+    return [f"#{b['id']}", _(b["state"]), b["user"], b["limit"], value_text(b), fmt_time(as_datetime(b["end"]), ctx.tz),
             b["reason"], decided]
 
 
@@ -64,8 +67,8 @@ def ask(
     if as_json:
         print_json(out)
         return
-    typer.echo(f"boost #{out['id']} {out['state']}: {out['limit']} to {value_text(out)} until "
-               f"{fmt_time(as_datetime(out['end']), ctx.tz)}")
+    typer.echo(_("boost #%(id)s %(state)s: %(limit)s to %(value)s until %(end)s", id=out["id"], state=_(out["state"]),
+                 limit=out["limit"], value=value_text(out), end=fmt_time(as_datetime(out["end"]), ctx.tz)))
 
 
 def list_(
@@ -79,14 +82,18 @@ def list_(
         print_json(rows)
         return
     if not rows:
-        typer.echo("no boosts")
+        typer.echo(_("no boosts"))
         return
-    typer.echo(table([_line(b, ctx) for b in rows], ["ID", "STATE", "USER", "LIMIT", "VALUE", "UNTIL", "REASON", "DECIDED"]))
+    typer.echo(table([_line(b, ctx) for b in rows], ["ID", _("STATE"), _("USER"), _("LIMIT"), _("VALUE"), _("UNTIL"), _("REASON"), _("DECIDED")]))
 
 
 def _decide(ctx: Ctx, bid: int, verb: str, reason: str | None) -> None:
     out = ctx.api.post(f"/boosts/{bid}/{verb}", {"reason": reason} if reason else None)
-    typer.echo(f"boost #{out['id']} {out['state']} ({verb} by {ctx.username}); {out['user']} was told")
+    said = (_("boost #%(id)s %(state)s (approved by %(actor)s); %(user)s was told", id=out["id"], state=_(out["state"]),
+                actor=ctx.username, user=out["user"]) if verb == "approve" else
+            _("boost #%(id)s %(state)s (denied by %(actor)s); %(user)s was told", id=out["id"], state=_(out["state"]),
+              actor=ctx.username, user=out["user"]))
+    typer.echo(said)
 
 
 def approve(

@@ -11,6 +11,7 @@ import typer
 
 from app.client.context import Ctx, pick
 from app.client.formatting import as_datetime, fmt_time
+from app.i18n import gettext as _
 
 
 def keep(
@@ -21,7 +22,8 @@ def keep(
     """Keep a reservation you were asked about (no check-in yet, or idle GPUs): it is left alone until its end."""
     r = pick(ctx, rid, host, "keep")
     out = ctx.api.post(f"/reservations/{r['id']}/keep")
-    typer.echo(f"#{out['id']} kept until {fmt_time(as_datetime(out['end']), ctx.tz)} ({ctx.tz.key})")
+    typer.echo(_("#%(id)s kept until %(end)s (%(zone)s)", id=out["id"], end=fmt_time(as_datetime(out["end"]), ctx.tz),
+                 zone=ctx.tz.key))
 
 
 __all__ = ["keep"]

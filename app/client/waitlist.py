@@ -12,19 +12,22 @@ import typer
 from app.client.context import USAGE, Ctx, Fail, duration_option, parse_start
 from app.client.formatting import as_datetime, fmt_span, fmt_time, print_json, table
 from app.client.units import parse_memory_mib
+from app.i18n import gettext as _
 
 
 def entry_line(e: dict, tz) -> str:
     """``#7 waiting (2nd in line): 2 GPU(s) for 4h within Tue 10:00 – Thu 10:00, book``."""
-    what = f"{e['count']} GPU(s) for {fmt_span(e['duration_seconds'])}"
-    where = f" on {e['host']}" if e.get("host") else ""
+    what = _("%(n)s GPU(s) for %(length)s", n=e["count"], length=fmt_span(e["duration_seconds"]))
+    where = _(" on %(host)s", host=e["host"]) if e.get("host") else ""
     window = f"{fmt_time(as_datetime(e['window_start']), tz)} – {fmt_time(as_datetime(e['window_end']), tz)}"
-    state = e["state"] + (f" (#{e['position']} in line)" if e.get("position") else "")
-    then = {"booked": f" → reservation #{e['reservation_id']}", "notified": " → you were told it is free"}.get(e["state"], "")
-    mode = "book" if e["book"] else "notify"
-    line = f"#{e['id']} {state}: {what}{where} within {window}, {mode}{then}"
+    state = _(e["state"]) + (_(" (#%(n)s in line)", n=e["position"]) if e.get("position") else "")
+    then = {"booked": _(" → reservation #%(id)s", id=e["reservation_id"]),
+            "notified": _(" → you were told it is free")}.get(e["state"], "")
+    mode = _("book") if e["book"] else _("notify")
+    line = _("#%(id)s %(state)s: %(what)s%(where)s within %(window)s, %(mode)s%(then)s", id=e["id"], state=state,
+             what=what, where=where, window=window, mode=mode, then=then)
     if e["state"] == "waiting" and e.get("last_refusal"):
-        line += f"\n  last try refused: {e['last_refusal']}"
+        line += "\n  " + _("last try refused: %(reason)s", reason=e["last_refusal"])
     return line
 
 
@@ -66,7 +69,7 @@ def wait(
         return
     typer.echo(entry_line(e, ctx.tz))
     if e["state"] == "booked":
-        typer.echo(f"booked at once: gpuroster list   or   gpuroster run --id {e['reservation_id']} -- <command>")
+        typer.echo(_("booked at once: gpuroster list   or   gpuroster run --id %(id)s -- <command>", id=e["reservation_id"]))
 
 
 GROUP_HELP = "Your waitlist entries (admins: --everyone); 'gpuroster waitlist cancel ID' withdraws one."
@@ -86,12 +89,12 @@ def list_entries(
         print_json(rows)
         return
     if not rows:
-        typer.echo("no waitlist entries" if all_ else "nothing waiting (see --all)")
+        typer.echo(_("no waitlist entries") if all_ else _("nothing waiting (see --all)"))
         return
     if everyone:
-        typer.echo(table([[f"#{e['id']}", e["user"], e["state"], str(e["count"]), fmt_span(e["duration_seconds"]),
+        typer.echo(table([[f"#{e['id']}", e["user"], _(e["state"]), str(e["count"]), fmt_span(e["duration_seconds"]),
                            fmt_time(as_datetime(e["window_end"]), ctx.tz)] for e in rows],
-                         ["ID", "USER", "STATE", "GPUS", "FOR", "UNTIL"]))
+                         ["ID", _("USER"), _("STATE"), "GPUS", _("FOR"), _("UNTIL")]))
         return
     for e in rows:
         typer.echo(entry_line(e, ctx.tz))
@@ -100,7 +103,7 @@ def list_entries(
 def cancel(ctx: Ctx, entry_id: Annotated[int, typer.Argument(help="waitlist entry id")]) -> None:
     """Withdraw a waiting entry."""
     e = ctx.api.delete(f"/waitlist/{entry_id}")
-    typer.echo(f"#{e['id']} {e['state']}")
+    typer.echo(f"#{e['id']} {_(e['state'])}")
 
 
 __all__ = ["GROUP_HELP", "cancel", "entry_line", "list_entries", "wait"]

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.i18n import gettext
+from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.models import AuditLog, QuotaBoost, User
@@ -167,15 +167,23 @@ def decide(session: Session, *, actor: User, boost_id: int, approve: bool, reaso
     b.decision_reason = (reason or "").strip()[:1024] or None
     if approve and (b.user.boost_until is None or b.user.boost_until < b.ends_at):
         b.user.boost_until = b.ends_at
-    verb = "approved" if approve else "denied"
     session.add(AuditLog(actor=f"user:{actor.username}", action=f"boost.{'approve' if approve else 'deny'}",
                          target=f"boost:{b.id}", detail={"user": b.user.username, "limit": b.limit_name,
                                                          "value": b.value, "reason": b.decision_reason}))
-    what = f"{b.limit_name} to {fmt_value(b.limit_name, b.value)} until {fmt_local(b.ends_at, tz)}"
-    text = f"Your quota boost {b.id} ({what}) was {verb} by {actor.username}"
-    text += f": {b.decision_reason}" if b.decision_reason else "."
+    with use_locale(b.user.language):  # the member reads it in the language they chose
+        args = {"id": b.id, "actor": actor.username, "reason": b.decision_reason,
+                "what": gettext("%(limit)s to %(value)s until %(end)s", limit=b.limit_name,
+                                value=fmt_value(b.limit_name, b.value), end=fmt_local(b.ends_at, tz))}
+        if approve:
+            subject = gettext("[gpuroster] quota boost %(id)s approved", **args)
+            text = (gettext("Your quota boost %(id)s (%(what)s) was approved by %(actor)s: %(reason)s", **args)
+                    if b.decision_reason else gettext("Your quota boost %(id)s (%(what)s) was approved by %(actor)s.", **args))
+        else:
+            subject = gettext("[gpuroster] quota boost %(id)s denied", **args)
+            text = (gettext("Your quota boost %(id)s (%(what)s) was denied by %(actor)s: %(reason)s", **args)
+                    if b.decision_reason else gettext("Your quota boost %(id)s (%(what)s) was denied by %(actor)s.", **args))
     holder_notices.tell(session, kind="approvals", user=b.user, reservation_id=None, boost_id=b.id,
-                        subject=f"[gpuroster] quota boost {b.id} {verb}", text=text, settings=settings,
+                        subject=subject, text=text, settings=settings,
                         actor=f"user:{actor.username}")
     session.flush()
     return b

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import AppError
+from app.i18n import N_, gettext, use_locale
 from app.models import AuditLog, DeviceTelemetry, Reservation, UsageRollup
 from app.models.states import FindingKind, FindingState
 from app.services import answer_links, checkin, holder_notices, lifecycle
@@ -60,8 +61,8 @@ class SweepResult:
 def _links(settings: Settings, r: Reservation) -> str:
     keep = answer_links.link(settings, reservation_id=r.id, answer="keep", expires=r.end_at)
     release = answer_links.link(settings, reservation_id=r.id, answer="release", expires=r.end_at)
-    return (f"\nKeep it: {keep}\nRelease now: {release}\n"
-            f"Or: gpuroster keep {r.id} / gpuroster release {r.id}")
+    return gettext("\nKeep it: %(keep)s\nRelease now: %(release)s\nOr: gpuroster keep %(id)s / gpuroster release %(id)s",
+                   keep=keep, release=release, id=r.id)
 
 
 def idle_devices(session: Session, r: Reservation, rules: checkin.CheckinRules, now: datetime) -> list[int]:
@@ -98,9 +99,12 @@ def _release(session: Session, r: Reservation, *, reason: str, why: str, now: da
     r.auto_release = reason
     apply_end(session, r, after, now=now, actor="system", detail={"reason": why})
     checkin.close(session, r, kind, FindingState.TERMINATED, now=now, message=f"released: {why}")
-    holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id} released",
-                        text=f"Your reservation {r.id} on {r.host.name} was released at "
-                             f"{fmt_local(now, settings.tz)}: {why}.", settings=settings, actor="system")
+    with use_locale(r.user.language):  # the holder reads it in the language they chose
+        subject = gettext("[gpuroster] reservation %(id)s released", id=r.id)
+        text = gettext("Your reservation %(id)s on %(host)s was released at %(at)s: %(why)s.", id=r.id, host=r.host.name,
+                       at=fmt_local(now, settings.tz), why=gettext(why))
+    holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id, subject=subject,
+                        text=text, settings=settings, actor="system")
     return True
 
 
@@ -125,9 +129,12 @@ def _release_devices(session: Session, r: Reservation, device_ids: list[int], *,
                          detail={"devices": sorted(uuids), "reason": "idle, no answer"}))
     checkin.close(session, r, FindingKind.IDLE_HOLDER, FindingState.TERMINATED, now=now,
                   message=f"idle devices released: {', '.join(sorted(uuids))}")
-    holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id, subject=f"[gpuroster] reservation {r.id}: idle GPUs released",
-                        text=f"No answer about idle GPUs: {', '.join(sorted(uuids))} of reservation {r.id} on "
-                             f"{r.host.name} were released at {fmt_local(now, settings.tz)}; the others stay yours.",
+    with use_locale(r.user.language):
+        subject = gettext("[gpuroster] reservation %(id)s: idle GPUs released", id=r.id)
+        text = gettext("No answer about idle GPUs: %(devices)s of reservation %(id)s on %(host)s were released at %(at)s; "
+                       "the others stay yours.", devices=", ".join(sorted(uuids)), id=r.id, host=r.host.name,
+                       at=fmt_local(now, settings.tz))
+    holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id, subject=subject, text=text,
                         settings=settings, actor="system")
     on_slot_freed(session, r)
     return True
@@ -157,17 +164,20 @@ def _no_show(session: Session, r: Reservation, rules: checkin.CheckinRules, *, n
             return
         r.checkin_warned_at = now
         grace = timedelta(minutes=rules.checkin_grace_minutes)
-        text = (f"Reservation {r.id} on {r.host.name} started at {fmt_local(r.start_at, settings.tz)} and none of "
-                f"your processes has run on its GPUs yet. No check-in yet: keep it? Without an answer or a job "
-                f"it is released at {fmt_local(now + grace, settings.tz)}." + _links(settings, r))
+        with use_locale(r.user.language):
+            subject = gettext("[gpuroster] reservation %(id)s: no check-in yet, keep it?", id=r.id)
+            text = gettext("Reservation %(id)s on %(host)s started at %(start)s and none of your processes has run on "
+                           "its GPUs yet. No check-in yet: keep it? Without an answer or a job it is released at %(end)s.",
+                           id=r.id, host=r.host.name, start=fmt_local(r.start_at, settings.tz),
+                           end=fmt_local(now + grace, settings.tz)) + _links(settings, r)
         checkin.record(session, r, FindingKind.NO_SHOW, FindingState.NOTIFIED, now=now,
                        message=f"no check-in {rules.checkin_minutes} min after the start; holder warned")
         holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id,
-                            subject=f"[gpuroster] reservation {r.id}: no check-in yet, keep it?", text=text,
+                            subject=subject, text=text,
                             settings=settings, actor="system")
         out.warned.append(r.id)
     elif now >= r.checkin_warned_at + timedelta(minutes=rules.checkin_grace_minutes):
-        if _release(session, r, reason="no_show", why="no check-in and no answer (no-show)", now=now,
+        if _release(session, r, reason="no_show", why=N_("no check-in and no answer (no-show)"), now=now,
                     settings=settings, kind=FindingKind.NO_SHOW):
             out.released.append(r.id)
 
@@ -189,17 +199,20 @@ def _idle(session: Session, r: Reservation, rules: checkin.CheckinRules, *, now:
             return
         r.idle_asked_at = now
         grace = timedelta(minutes=rules.idle_grace_minutes)
-        policy = {"nothing": "Nothing happens if you do not answer.",
-                  "release": f"Without an answer it is released at {fmt_local(now + grace, settings.tz)}.",
-                  "release_idle_devices": f"Without an answer the idle GPUs are released at "
-                                          f"{fmt_local(now + grace, settings.tz)}."}[rules.idle_silence]
-        text = (f"Reservation {r.id} on {r.host.name}: {names} hold memory but computed under "
-                f"{rules.idle_below_percent}% for {rules.idle_after_minutes} min. Still using it? {policy}"
-                + _links(settings, r))
+        with use_locale(r.user.language):
+            at = fmt_local(now + grace, settings.tz)
+            policy = {"nothing": gettext("Nothing happens if you do not answer."),
+                      "release": gettext("Without an answer it is released at %(at)s.", at=at),
+                      "release_idle_devices": gettext("Without an answer the idle GPUs are released at %(at)s.", at=at),
+                      }[rules.idle_silence]
+            subject = gettext("[gpuroster] reservation %(id)s: still using it?", id=r.id)
+            text = gettext("Reservation %(id)s on %(host)s: %(devices)s hold memory but computed under %(pct)s%% for "
+                           "%(minutes)s min. Still using it? %(policy)s", id=r.id, host=r.host.name, devices=names,
+                           pct=rules.idle_below_percent, minutes=rules.idle_after_minutes, policy=policy) + _links(settings, r)
         checkin.record(session, r, FindingKind.IDLE_HOLDER, FindingState.NOTIFIED, now=now,
                        message=f"idle: {names}; holder asked")
         holder_notices.tell(session, kind="no_shows", user=r.user, reservation_id=r.id,
-                            subject=f"[gpuroster] reservation {r.id}: still using it?", text=text, settings=settings,
+                            subject=subject, text=text, settings=settings,
                             actor="system")
         out.asked.append(r.id)
         return
@@ -209,7 +222,7 @@ def _idle(session: Session, r: Reservation, rules: checkin.CheckinRules, *, now:
     if rules.idle_silence == "release_idle_devices" and len(idle) < len(held):
         if _release_devices(session, r, idle, now=now, settings=settings):
             out.idle_released.append(r.id)
-    elif _release(session, r, reason="idle", why="idle and no answer to \"still using it?\"", now=now,
+    elif _release(session, r, reason="idle", why=N_("idle and no answer to \"still using it?\""), now=now,
                   settings=settings, kind=FindingKind.IDLE_HOLDER):
         out.idle_released.append(r.id)
 

@@ -11,9 +11,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.i18n import gettext, use_locale
 from app.models import Device, DeviceQuarantine, Host, Reservation, User
 from app.services import holder_notices
 from app.services.conflicts import holdings
+from app.services.health_rule import local_reason
 from app.services.placement import Request, candidates
 from app.timeutil import MAX_INSTANT, fmt_local
 
@@ -54,27 +56,33 @@ def tell_opened(session: Session, *, host: Host, device: Device, quarantine: Dev
             continue
         start = max(r.start_at, now)
         other = equivalent_free(session, device=device, start=start, end=r.end_at, now=now)
-        if other is not None:
-            other_host = session.get(Host, other.host_id)
-            offer = (f"An equivalent device is free for that time: {device_label(other, other_host)}. "
-                     f"Book it and release this reservation to move.")
-        else:
-            offer = "No equivalent device is free for that time; the admins have been told."
-        text = (f"{label} was quarantined at {fmt_local(quarantine.started_at, tz)}: {quarantine.reason}. "
-                f"Your reservation {r.id} ({fmt_local(r.start_at, tz)} – {fmt_local(r.end_at, tz)}) uses it. {offer}")
+        with use_locale(r.user.language):  # the holder reads it in the language they chose
+            if other is not None:
+                other_host = session.get(Host, other.host_id)
+                offer = gettext("An equivalent device is free for that time: %(device)s. "
+                                "Book it and release this reservation to move.", device=device_label(other, other_host))
+            else:
+                offer = gettext("No equivalent device is free for that time; the admins have been told.")
+            subject = gettext("[gpuroster] device of reservation %(id)s quarantined", id=r.id)
+            text = gettext("%(device)s was quarantined at %(at)s: %(reason)s. Your reservation %(id)s (%(start)s – %(end)s) "
+                           "uses it. %(offer)s", device=label, at=fmt_local(quarantine.started_at, tz),
+                           reason=local_reason(quarantine.conditions), id=r.id, start=fmt_local(r.start_at, tz),
+                           end=fmt_local(r.end_at, tz), offer=offer)
         holder_notices.tell(session, kind="quarantine", user=r.user, reservation_id=r.id,
-                            subject=f"[gpuroster] device of reservation {r.id} quarantined", text=text,
+                            subject=subject, text=text,
                             settings=settings, actor=f"host:{host.name}")
         told.append(f"{r.user.username} (reservation {r.id})")
     admins = session.scalars(select(User).where(User.role == "admin", User.active.is_(True)).order_by(User.id))
-    holders = ", ".join(told) if told else "no current or upcoming reservation"
     for admin in admins:
-        holder_notices.tell(
-            session, kind="quarantine", user=admin, reservation_id=None, subject=f"[gpuroster] {device.uuid} quarantined",
-            text=(f"{label} was quarantined at {fmt_local(quarantine.started_at, tz)}: {quarantine.reason}. "
-                  f"Told: {holders}. Clear it on the admin page or with "
-                  f"'gpuroster admin clear-quarantine {device.uuid}' once the device is repaired."),
-            settings=settings, actor=f"host:{host.name}")
+        with use_locale(admin.language):
+            holders = ", ".join(told) if told else gettext("no current or upcoming reservation")
+            subject = gettext("[gpuroster] %(uuid)s quarantined", uuid=device.uuid)
+            text = gettext("%(device)s was quarantined at %(at)s: %(reason)s. Told: %(holders)s. Clear it on the admin page "
+                           "or with 'gpuroster admin clear-quarantine %(uuid)s' once the device is repaired.",
+                           device=label, at=fmt_local(quarantine.started_at, tz), reason=local_reason(quarantine.conditions),
+                           holders=holders, uuid=device.uuid)
+        holder_notices.tell(session, kind="quarantine", user=admin, reservation_id=None, subject=subject, text=text,
+                            settings=settings, actor=f"host:{host.name}")
     return sorted(seen)
 
 

@@ -51,6 +51,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.config import Settings
 from app.errors import AppError
+from app.i18n import gettext, use_locale
 from app.models import AuditLog, Reservation, WaitlistEntry, utcnow
 from app.models.states import WaitlistStatus
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
@@ -283,11 +284,14 @@ def _book(session: Session, e: WaitlistEntry, slot: placement.Slot, *, settings:
     session.add(AuditLog(actor="system", action="waitlist.book", target=f"waitlist:{e.id}",
                          detail={"reservation": r.id}))
     when = f"{fmt_local(r.start_at, settings.tz)} – {fmt_local(r.end_at, settings.tz)}"
-    pending = " It awaits approval." if r.status == "pending" else ""
+    with use_locale(e.user.language):  # the member reads it in the language they chose
+        pending = gettext(" It awaits approval.") if r.status == "pending" else ""
+        subject = gettext("[gpuroster] waitlist: reservation %(id)s booked", id=r.id)
+        text = gettext("Your waitlist entry %(entry)s booked reservation %(id)s: %(n)s device(s) on %(host)s, %(when)s.",
+                       entry=e.id, id=r.id, n=len(r.items), host=r.host.name, when=when)
     holder_notices.tell(
-        session, kind="waitlist", user=e.user, reservation_id=r.id, subject=f"[gpuroster] waitlist: reservation {r.id} booked",
-        text=(f"Your waitlist entry {e.id} booked reservation {r.id}: {len(r.items)} device(s) on {r.host.name}, "
-              f"{when}.{pending} CUDA_VISIBLE_DEVICES={reservation_service.cuda_visible_devices(r)}"),
+        session, kind="waitlist", user=e.user, reservation_id=r.id, subject=subject,
+        text=f"{text}{pending} CUDA_VISIBLE_DEVICES={reservation_service.cuda_visible_devices(r)}",
         settings=settings, actor="system")
     return True
 
@@ -314,12 +318,14 @@ def _notify(session: Session, e: WaitlistEntry, slot: placement.Slot, *, setting
     e.served_at = e.updated_at = now
     session.add(AuditLog(actor="system", action="waitlist.notify", target=f"waitlist:{e.id}",
                          detail={"host": slot.host.name, "start": slot.start.isoformat()}))
-    holder_notices.tell(
-        session, kind="waitlist", user=e.user, reservation_id=None, subject=f"[gpuroster] waitlist: {e.count} device(s) free",
-        text=(f"Your waitlist entry {e.id}: {e.count} device(s) on {slot.host.name} are free for "
-              f"{fmt_duration(e.seconds)} from {fmt_local(slot.start, settings.tz)}. Nothing is held for you; "
-              f"book it: {book_link(e, slot, settings)}"),
-        settings=settings, actor="system")
+    with use_locale(e.user.language):
+        subject = gettext("[gpuroster] waitlist: %(n)s device(s) free", n=e.count)
+        text = gettext("Your waitlist entry %(entry)s: %(n)s device(s) on %(host)s are free for %(length)s from %(start)s. "
+                       "Nothing is held for you; book it: %(link)s", entry=e.id, n=e.count, host=slot.host.name,
+                       length=fmt_duration(e.seconds), start=fmt_local(slot.start, settings.tz),
+                       link=book_link(e, slot, settings))
+    holder_notices.tell(session, kind="waitlist", user=e.user, reservation_id=None, subject=subject, text=text,
+                        settings=settings, actor="system")
 
 
 def _expire(session: Session, e: WaitlistEntry, *, now: datetime, settings: Settings) -> None:
