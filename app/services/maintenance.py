@@ -27,7 +27,8 @@ from app.config import Settings
 from app.errors import InvalidInput
 from app.models import AuditLog, Device, Reservation, User
 from app.services import holder_notices, lifecycle
-from app.services.conflicts import conflict_error, find_conflicts, insert_items, resolve_bookable_devices, write_guarded
+from app.services.conflicts import conflict_error, find_conflicts, insert_items, write_guarded
+from app.services.device_refs import resolve_bookable_devices
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import MAX_INSTANT, fmt_local
 

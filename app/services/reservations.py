@@ -33,7 +33,8 @@ from app.services import approvals, lifecycle, placement
 from app.services import shares as share_service
 from app.services import rules as rules_service
 from app.services.conflicts import (UTC_ZONE, conflict_error, devices_sorted, find_conflicts, insert_items,
-                                    loaded_options, resolve_bookable_devices, write_guarded)
+                                    loaded_options, write_guarded)
+from app.services.device_refs import resolve_bookable_devices
 from app.services.intervals import parse_interval, validate_interval
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import fmt_local, parse_instant

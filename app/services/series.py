@@ -44,6 +44,7 @@ from app.schemas.reservation import ConflictRef
 from app.schemas.series import MAX_OCCURRENCES, OccurrenceRead, SeriesCreate, SeriesRead
 from app.services import hosts as host_service
 from app.services import conflicts as conflict_service
+from app.services import device_refs
 from app.services import lifecycle
 from app.services import reservations as reservation_service
 from app.services.intervals import PAST_SLACK
@@ -323,8 +324,8 @@ def create_series(
     if data.duration.total_seconds() < settings.min_reservation_seconds:
         raise InvalidInput(f"duration: at least {settings.min_reservation_seconds} s", field="duration")
     host = host_service.get_host(session, data.host)
-    devices = conflict_service.resolve_devices(session, host=host, refs=data.devices)
-    conflict_service.check_health(session, devices, tz=settings.tz)
+    devices = device_refs.resolve_devices(session, host=host, refs=data.devices)
+    device_refs.check_health(session, devices, tz=settings.tz)
     kw = dict(actor=actor, owner=owner, host=host, devices=devices, data=data, settings=settings, now=now, tz=tz,
               start_time=start_time, weekdays=weekdays)
     if not data.dry_run:

@@ -30,6 +30,7 @@ from app.services import metrics as metrics_service
 from app.models import Device, Host, Reservation, utcnow
 from app.schemas.reservation import ReservationCreate
 from app.services import conflicts as conflict_service
+from app.services import device_refs
 from app.services import devices as device_service
 from app.services import hosts as host_service
 from app.services import reservations as reservation_service
@@ -191,7 +192,7 @@ def check_booking(session: Session, *, form: BookForm, settings: Settings, now: 
     interval = reservation_service.parse_interval(data, now=now)
     reservation_service.validate_interval(interval.start, interval.end, now=now, settings=settings)
     host = host_service.get_host(session, data.host or "")
-    devices = conflict_service.resolve_devices(session, host=host, refs=data.devices or [])
+    devices = device_refs.resolve_devices(session, host=host, refs=data.devices or [])
     conflicts = reservation_service.find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
     free = conflict_service.earliest_free_start(
         session, devices=devices, after=max(interval.start, now), length=interval.end - interval.start
