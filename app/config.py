@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     ldap_group_name_attr: str = "cn"
     ldap_groups: dict[str, str] = Field(default_factory=dict, description="directory group -> gpuroster group (JSON)")
     ldap_admin_group: str | None = Field(default=None, description="directory group whose members are admins")
+    ldap_manager_groups: dict[str, str] = Field(
+        default_factory=dict, description="directory group -> gpuroster group its members manage (JSON)")
     ldap_timeout_seconds: float = Field(default=5.0, gt=0)
     # OIDC sign-in (app/services/oidc.py; docs/auth.md)
     oidc_discovery_url: str | None = Field(default=None, description=".../.well-known/openid-configuration; unset: no OIDC")
@@ -98,6 +100,8 @@ class Settings(BaseSettings):
     oidc_groups_claim: str = "groups"
     oidc_groups: dict[str, str] = Field(default_factory=dict, description="provider group -> gpuroster group (JSON)")
     oidc_admin_group: str | None = None
+    oidc_manager_groups: dict[str, str] = Field(
+        default_factory=dict, description="provider group -> gpuroster group its members manage (JSON)")
     oidc_timeout_seconds: float = Field(default=10.0, gt=0)
     # History
     rollup_retention_days: int = Field(default=90, ge=1)

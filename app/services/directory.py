@@ -39,10 +39,13 @@ def mapped_groups(directory_groups: Iterable[str], group_map: Mapping[str, str])
 
 
 def provision(
-    session: Session, *, account: DirectoryAccount, group_map: Mapping[str, str], admin_group: str | None
+    session: Session, *, account: DirectoryAccount, group_map: Mapping[str, str], admin_group: str | None,
+    manager_map: Mapping[str, str] | None = None,
 ) -> User:
     """The user for ``account``: created on first sign-in, else refreshed (e-mail, name, uid,
-    groups, admin role when ``admin_group`` is configured).
+    groups, admin role when ``admin_group`` is configured). ``manager_map`` (directory group
+    -> gpuroster group) makes the members of a directory group managers of the gpuroster
+    group (and members of it); leaving the directory group ends the manager role there.
 
     Raises :class:`~app.errors.InvalidInput` (422) when the directory's username is not a
     valid account name, :class:`~app.errors.Conflict` (409) when a local account (or one of
@@ -74,9 +77,32 @@ def provision(
     if admin_group:
         user.role = "admin" if admin_group in account.groups else "member"
     session.flush()
-    _sync_groups(session, user=user, wanted=mapped_groups(account.groups, group_map),
-                 managed=set(group_map.values()), source=account.source)
+    manager_map = manager_map or {}
+    manages = mapped_groups(account.groups, manager_map)
+    _sync_groups(session, user=user, wanted=mapped_groups(account.groups, group_map) | manages,
+                 managed=set(group_map.values()) | manages, source=account.source)
+    _sync_managers(session, user=user, manages=manages, managed=set(manager_map.values()), source=account.source)
     return user
+
+
+def _sync_managers(session: Session, *, user: User, manages: set[str], managed: set[str], source: str) -> None:
+    """Set ``is_manager`` on the user's rows in the groups the directory decides managers of
+    (``managed``): on where the directory says so (``manages``), off elsewhere."""
+    if not managed:
+        return
+    rows = session.execute(select(GroupMember, Group.name).join(Group, Group.id == GroupMember.group_id)
+                           .where(GroupMember.user_id == user.id, Group.name.in_(managed))).all()
+    changed = {}
+    for gm, name in rows:
+        want = name in manages
+        if bool(gm.is_manager) != want:
+            gm.is_manager = want
+            changed[name] = want
+    if changed:
+        session.add(AuditLog(actor=source, action="user.managers_sync", target=f"user:{user.username}",
+                             detail={"manager_of": sorted(n for n, on in changed.items() if on),
+                                     "no_longer_manager_of": sorted(n for n, on in changed.items() if not on)}))
+        session.flush()
 
 
 def _sync_groups(session: Session, *, user: User, wanted: set[str], managed: set[str], source: str) -> None:

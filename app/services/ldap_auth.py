@@ -130,7 +130,8 @@ def sign_in_user(session: Session, *, settings: Settings, username: str, passwor
     account = authenticate(settings, username=username, password=password)
     if account is None:
         return None
-    user = provision(session, account=account, group_map=settings.ldap_groups, admin_group=settings.ldap_admin_group)
+    user = provision(session, account=account, group_map=settings.ldap_groups, admin_group=settings.ldap_admin_group,
+                     manager_map=settings.ldap_manager_groups)
     return user if user.active else None
 
 

@@ -106,7 +106,8 @@ def oidc_callback(
     try:
         account = oidc_service.finish(settings, code=code, redirect_uri=callback_url(settings), nonce=str(flow["n"]),
                                       code_verifier=str(flow["v"]))
-        user = provision(session, account=account, group_map=settings.oidc_groups, admin_group=settings.oidc_admin_group)
+        user = provision(session, account=account, group_map=settings.oidc_groups, admin_group=settings.oidc_admin_group,
+                         manager_map=settings.oidc_manager_groups)
     except AppError as e:
         session.rollback()
         return refuse(e.status, e.title, e.detail)

@@ -72,6 +72,12 @@ objectClass: groupOfNames
 cn: gpu-admins
 member: uid=omar,ou=people,{SUFFIX}
 
+dn: cn=vision-pi,ou=groups,{SUFFIX}
+objectClass: posixGroup
+cn: vision-pi
+gidNumber: 3003
+memberUid: lina
+
 dn: cn=unmapped,ou=groups,{SUFFIX}
 objectClass: posixGroup
 cn: unmapped
@@ -95,6 +101,7 @@ def ldap_settings(settings, url: str):
         "ldap_url": url, "ldap_bind_dn": SERVICE_DN, "ldap_bind_password": "svc-secret",
         "ldap_user_base": f"ou=people,{SUFFIX}", "ldap_group_base": f"ou=groups,{SUFFIX}",
         "ldap_groups": {"vision": "vision-lab"}, "ldap_admin_group": "gpu-admins",
+        "ldap_manager_groups": {"vision-pi": "vision-lab"},
     })
 
 
@@ -155,14 +162,41 @@ def test_wrong_password_unknown_user_or_filter_injection_is_401(ldap_client, use
 
 def test_group_membership_follows_the_directory_on_next_sign_in(ldap_client, slapd):
     assert post_login(ldap_client, "lina", "lina-password").status_code == 303
-    slapd.modify(f"dn: cn=vision,ou=groups,{SUFFIX}\nchangetype: modify\ndelete: memberUid\nmemberUid: lina\n")
+    # out of vision, and of vision-pi whose members manage (so also belong to) vision-lab
+    for g in ("vision", "vision-pi"):
+        slapd.modify(f"dn: cn={g},ou=groups,{SUFFIX}\nchangetype: modify\ndelete: memberUid\nmemberUid: lina\n")
     try:
         fresh = TestClient(ldap_client.app)
         assert post_login(fresh, "lina", "lina-password").status_code == 303
         _, groups = users_by_name(ldap_client)
         assert "vision-lab" not in groups.get("lina", set())
     finally:
-        slapd.modify(f"dn: cn=vision,ou=groups,{SUFFIX}\nchangetype: modify\nadd: memberUid\nmemberUid: lina\n")
+        for g in ("vision", "vision-pi"):
+            slapd.modify(f"dn: cn={g},ou=groups,{SUFFIX}\nchangetype: modify\nadd: memberUid\nmemberUid: lina\n")
+
+
+def _managers(client: TestClient) -> dict[str, set[str]]:
+    from app.models import Group, GroupMember, User
+
+    with client.app.state.session_factory() as s:
+        out: dict[str, set[str]] = {}
+        for g, u in s.execute(select(Group.name, User.username).join(GroupMember, GroupMember.group_id == Group.id)
+                              .join(User, User.id == GroupMember.user_id).where(GroupMember.is_manager.is_(True))):
+            out.setdefault(u, set()).add(g)
+        return out
+
+
+def test_directory_manager_group_makes_a_group_manager_and_leaving_it_ends_the_role(ldap_client, slapd):
+    assert post_login(ldap_client, "lina", "lina-password").status_code == 303
+    assert post_login(TestClient(ldap_client.app), "omar", "omar-password").status_code == 303
+    assert _managers(ldap_client) == {"lina": {"vision-lab"}}  # omar is a member of vision, not of vision-pi
+    slapd.modify(f"dn: cn=vision-pi,ou=groups,{SUFFIX}\nchangetype: modify\ndelete: memberUid\nmemberUid: lina\n")
+    try:
+        assert post_login(TestClient(ldap_client.app), "lina", "lina-password").status_code == 303
+        _, groups = users_by_name(ldap_client)
+        assert _managers(ldap_client) == {} and groups["lina"] == {"vision-lab"}  # still a member through vision
+    finally:
+        slapd.modify(f"dn: cn=vision-pi,ou=groups,{SUFFIX}\nchangetype: modify\nadd: memberUid\nmemberUid: lina\n")
 
 
 def test_directory_down_is_a_clear_503_and_local_admin_still_signs_in(settings, make_user):

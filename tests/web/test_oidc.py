@@ -56,6 +56,7 @@ def oidc_settings(settings, issuer: str):
     return settings.model_copy(update={
         "oidc_discovery_url": issuer + "/.well-known/openid-configuration", "oidc_client_id": "gpuroster",
         "oidc_client_secret": "client-secret", "oidc_label": "Lab SSO", "oidc_groups": {"vision": "vision-lab"},
+        "oidc_manager_groups": {"nlp": "nlp-lab"},
     })
 
 
@@ -99,8 +100,9 @@ def test_oidc_code_flow_with_pkce_provisions_the_account_and_maps_groups(sso):
         carol = s.scalar(select(User).where(User.username == "carol"))
         assert (carol.email, carol.display_name, carol.auth_source, carol.password_hash) == (
             "carol@lab.test", "Carol Chen", "oidc", None)
-        groups = set(s.scalars(select(Group.name).join(GroupMember).where(GroupMember.user_id == carol.id)))
-    assert groups == {"vision-lab"}
+        groups = dict(s.execute(select(Group.name, GroupMember.is_manager).join(GroupMember)
+                                .where(GroupMember.user_id == carol.id)).all())
+    assert groups == {"vision-lab": False, "nlp-lab": True}  # the provider's nlp group manages nlp-lab
     # a second sign-in reuses the account
     assert through_provider(TestClient(sso.app), "carol").status_code == 303
 
