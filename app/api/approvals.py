@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Response
 from sqlalchemy import select
-from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import AdminUser, CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
 from app.errors import InvalidInput
 from app.models import GroupMember, User, utcnow
 from app.models.finding import AuditLog
+from app.periodic import run_periodically
 from app.schemas.approvals import Decision, MaintenanceCreate, MaintenanceRead, ManagersChange, OverriddenRead
 from app.schemas.reservation import ReservationRead
 from app.services import approvals as svc
@@ -111,33 +108,16 @@ def expire_once(app: FastAPI) -> int:
         s, now=utcnow(), settings=settings, load=reservation_service.load_locked)))
 
 
-async def _expire_loop(app: FastAPI, period: float) -> None:
-    while True:
-        try:
-            n = await run_in_threadpool(expire_once, app)
-            if n:
-                log.info("%d pending reservation(s) expired unapproved", n)
-        except Exception:  # noqa: BLE001 - retried next period; bookings that meet one expire it too
-            log.exception("expiring pending reservations failed; retrying in %.0f s", period)
-        await asyncio.sleep(period)
+def _report(n: int) -> None:
+    if n:
+        log.info("%d pending reservation(s) expired unapproved", n)
 
 
 def install_expiry(app: FastAPI, *, period: float = EXPIRE_PERIOD_S) -> None:
-    """Run the expiry of unapproved pending reservations inside the app's lifespan."""
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: FastAPI):
-        async with inner(a) as state:
-            task = asyncio.create_task(_expire_loop(a, period), name="gpuroster-expire-pending")
-            try:
-                yield state
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    app.router.lifespan_context = lifespan
+    """Run the expiry of unapproved pending reservations inside the app's lifespan (bookings
+    that meet a due one expire it too)."""
+    run_periodically(app, name="gpuroster-expire-pending", what="expiring pending reservations", work=expire_once,
+                     period=period, report=_report)
 
 
 __all__ = ["expire_once", "install_expiry", "router"]

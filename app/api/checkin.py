@@ -4,16 +4,13 @@ idle question) and the periodic check-in sweep in the lifespan (see
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
-from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import RowId, SettingsDep, WriteSessionDep, WriteUser
 from app.models import utcnow
+from app.periodic import run_periodically
 from app.schemas.reservation import ReservationRead
 from app.services import checkin, checkin_sweep
 from app.services import reservations as reservation_service
@@ -43,34 +40,16 @@ def sweep_once(app: FastAPI) -> checkin_sweep.SweepResult:
                               lambda s: checkin_sweep.sweep(s, now=utcnow(), settings=settings))
 
 
-async def _sweep_loop(app: FastAPI, period: float) -> None:
-    while True:
-        try:
-            out = await run_in_threadpool(sweep_once, app)
-            if out.warned or out.released or out.asked or out.idle_released:
-                log.info("check-in sweep: warned %s, released %s, asked %s, idle released %s",
-                         out.warned, out.released, out.asked, out.idle_released)
-        except Exception:  # noqa: BLE001 - retried next period
-            log.exception("check-in sweep failed; retrying in %.0f s", period)
-        await asyncio.sleep(period)
+def _report(out: checkin_sweep.SweepResult) -> None:
+    if out.warned or out.released or out.asked or out.idle_released:
+        log.info("check-in sweep: warned %s, released %s, asked %s, idle released %s",
+                 out.warned, out.released, out.asked, out.idle_released)
 
 
 def install_sweep(app: FastAPI, *, period: float = SWEEP_PERIOD_S) -> None:
     """Run the check-in sweep every ``period`` seconds inside the app's lifespan."""
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: FastAPI):
-        async with inner(a) as state:
-            task = asyncio.create_task(_sweep_loop(a, period), name="gpuroster-checkin-sweep")
-            try:
-                yield state
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    app.router.lifespan_context = lifespan
+    run_periodically(app, name="gpuroster-checkin-sweep", what="check-in sweep", work=sweep_once, period=period,
+                     report=_report)
 
 
 __all__ = ["install_sweep", "router", "sweep_once"]

@@ -16,18 +16,16 @@ processes and replicas.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Response
-from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
 from app.db import run_in_transaction
 from app.models import utcnow
+from app.periodic import run_periodically
 from app.schemas.report import UsageReport
 from app.services import reports as report_service
 
@@ -84,32 +82,16 @@ def prune_once(app: FastAPI) -> bool:
     )
 
 
-async def _prune_loop(app: FastAPI, first_delay: float, period: float) -> None:
-    await asyncio.sleep(first_delay)
-    while True:
-        try:
-            if await run_in_threadpool(prune_once, app):
-                log.info("pruned usage history older than %d days", app.state.settings.rollup_retention_days)
-        except Exception:  # noqa: BLE001 - a failed prune is retried next period, never fatal
-            log.exception("pruning usage history failed; retrying in %.0f s", period)
-        await asyncio.sleep(period)
+def _report_prune(app: FastAPI) -> Callable[[bool], None]:
+    def report(pruned: bool) -> None:
+        if pruned:
+            log.info("pruned usage history older than %d days", app.state.settings.rollup_retention_days)
+    return report
 
 
 def install(app: FastAPI, *, first_delay: float = PRUNE_FIRST_DELAY_S, period: float = PRUNE_PERIOD_S) -> None:
     """Mount the API route under ``/api/v1``; run the pruner inside the app's lifespan (after
     the engine exists, cancelled before it is disposed)."""
     app.include_router(router, prefix="/api/v1")
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: FastAPI):
-        async with inner(a) as state:
-            task = asyncio.create_task(_prune_loop(a, first_delay, period), name="gpuroster-prune-history")
-            try:
-                yield state
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    app.router.lifespan_context = lifespan
+    run_periodically(app, name="gpuroster-prune-history", what="pruning usage history", work=prune_once,
+                     period=period, first_delay=first_delay, report=_report_prune(app))

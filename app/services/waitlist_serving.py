@@ -123,54 +123,35 @@ def expire_ended(session: Session, *, now: datetime, settings: Settings) -> int:
     return len(ended)
 
 
+def serve_round(app) -> int:
+    """One periodic round in its own transaction: store ended entries as expired, then serve
+    the waiting ones again (entries a busy server skipped, or that a rule refused earlier: a
+    rolling quota frees up with time). Returns how many expired."""
+    from app.db import run_in_transaction
+
+    def work(s: Session) -> int:
+        now = utcnow()
+        n = expire_ended(s, now=now, settings=app.state.settings)
+        serve(s, settings=app.state.settings, now=now)
+        return n
+    return run_in_transaction(app.state.session_factory, work)
+
+
+def _report(n: int) -> None:
+    if n:
+        log.info("%d waitlist entr(y/ies) expired with their window", n)
+
+
 def install(app) -> None:
     """Subscribe :func:`on_slot_freed`, bind the app's settings to its engine once the
     lifespan has built it, and every :data:`EXPIRE_PERIOD_S` seconds while the app runs
-    store the expiry of ended entries and serve the waiting ones again."""
-    import asyncio
-    import contextlib
-    from contextlib import asynccontextmanager
-
-    from starlette.concurrency import run_in_threadpool
-
-    from app.db import run_in_transaction
+    run :func:`serve_round`."""
+    from app.periodic import run_periodically
 
     slot_freed.subscribe(on_slot_freed)
-    inner = app.router.lifespan_context
-
-    def expire_once() -> int:
-        def work(s: Session) -> int:
-            now = utcnow()
-            n = expire_ended(s, now=now, settings=app.state.settings)
-            # entries a busy server skipped, or that a rule refused earlier (a rolling quota
-            # frees up with time), get another turn every period
-            serve(s, settings=app.state.settings, now=now)
-            return n
-        return run_in_transaction(app.state.session_factory, work)
-
-    async def loop() -> None:
-        while True:
-            try:
-                n = await run_in_threadpool(expire_once)
-                if n:
-                    log.info("%d waitlist entr(y/ies) expired with their window", n)
-            except Exception:  # noqa: BLE001 - retried next period; serving expires what it meets too
-                log.exception("expiring waitlist entries failed; retrying in %.0f s", EXPIRE_PERIOD_S)
-            await asyncio.sleep(EXPIRE_PERIOD_S)
-
-    @asynccontextmanager
-    async def lifespan(a):
-        async with inner(a) as state:
-            bind_settings(a.state.engine, a.state.settings)
-            task = asyncio.create_task(loop(), name="gpuroster-expire-waitlist")
-            try:
-                yield state
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    app.router.lifespan_context = lifespan
+    run_periodically(app, name="gpuroster-waitlist-round", what="the waitlist round", work=serve_round,
+                     period=EXPIRE_PERIOD_S, report=_report,
+                     on_start=lambda a: bind_settings(a.state.engine, a.state.settings))
 
 
 # ------------------------------------------------------------------------------------------ serving

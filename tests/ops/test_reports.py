@@ -274,10 +274,11 @@ def test_lifespan_pruner_prunes_after_its_first_delay(settings):
 
     from app.api import reports as reports_api
     from app.main import create_app
+    from app.periodic import repeat
 
     app = create_app(settings)
     with TestClient(app):
-        loop = reports_api._prune_loop(app, 0.0, 3600.0)
+        loop = repeat(app, what="pruning", work=reports_api.prune_once, period=3600.0)
 
         async def one_round():
             task = asyncio.create_task(loop)
