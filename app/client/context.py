@@ -196,6 +196,21 @@ def requested_start(body: dict) -> datetime | None:
     return dt.replace(tzinfo=ZoneInfo(body["tz"])) if dt.tzinfo is None and body.get("tz") else dt
 
 
+def placement_constraints(model: str | None, min_memory: str | None) -> dict[str, Any] | None:
+    """The ``constraints`` of an "any N GPUs" request from ``--model`` and ``--min-memory``
+    (``80GB``, ``80GiB`` or MiB); None when neither is given. Raises Fail (usage) for a
+    memory size that does not parse."""
+    constraints: dict[str, Any] = {}
+    if model:
+        constraints["model"] = model
+    if min_memory:
+        try:
+            constraints["min_memory_mib"] = parse_memory_mib(min_memory)
+        except ValueError as e:
+            raise Fail(f"--min-memory: {e}", USAGE) from None
+    return constraints or None
+
+
 def reservation_body(ctx: Ctx, *, duration: str, count: int, start: str, host: str | None, model: str | None,
                       min_memory: str | None, device: list[str] | None, note: str | None, share: list[str] | None) -> dict:
     length = duration_option(duration, "--for")
@@ -209,15 +224,7 @@ def reservation_body(ctx: Ctx, *, duration: str, count: int, start: str, host: s
         body.update(host=host, devices=[int(d) if d.isdigit() else d for d in device],
                     start="now" if start_value == "asap" else start_value)
     else:
-        constraints: dict[str, Any] = {}
-        if model:
-            constraints["model"] = model
-        if min_memory:
-            try:
-                constraints["min_memory_mib"] = parse_memory_mib(min_memory)
-            except ValueError as e:
-                raise Fail(f"--min-memory: {e}", USAGE) from None
-        body.update(count=count, host=host, constraints=constraints or None,
+        body.update(count=count, host=host, constraints=placement_constraints(model, min_memory),
                     start="asap" if start_value == "now" else start_value)
     if tz:
         body["tz"] = tz

@@ -9,9 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from app.client.context import USAGE, Ctx, Fail, duration_option, parse_start
+from app.client.context import Ctx, duration_option, parse_start, placement_constraints
 from app.client.formatting import as_datetime, fmt_span, fmt_time, print_json, table
-from app.client.units import parse_memory_mib
 from app.i18n import gettext as _
 
 
@@ -54,15 +53,7 @@ def wait(
     body: dict[str, Any] = {"count": count, "duration": int(length.total_seconds()),
                             "within": int(window.total_seconds()), "book": book, "host": host, "note": note,
                             "start": "now" if start_value == "asap" else start_value, "tz": tz}
-    constraints: dict[str, Any] = {}
-    if model:
-        constraints["model"] = model
-    if min_memory:
-        try:
-            constraints["min_memory_mib"] = parse_memory_mib(min_memory)
-        except ValueError as e:
-            raise Fail(f"--min-memory: {e}", USAGE) from None
-    body["constraints"] = constraints or None
+    body["constraints"] = placement_constraints(model, min_memory)
     e = ctx.api.create("/waitlist", {k: v for k, v in body.items() if v is not None})
     if as_json:
         print_json(e)
