@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +102,12 @@ def test_uid_without_passwd_entry_is_uid_only_with_user_none():
 def test_real_process_resolves_to_current_user():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--flag"])
     try:
+        # between fork and exec the child is still a copy of this process with no command
+        # line of its own: wait for the exec, as the agent only ever sees processes that
+        # already hold a GPU context
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not Path(f"/proc/{child.pid}/cmdline").read_bytes().endswith(b"--flag\0"):
+            time.sleep(0.01)
         owner = OwnerResolver().resolve(child.pid)
         assert owner.status == "ok"
         assert owner.uid == os.getuid()
