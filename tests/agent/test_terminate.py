@@ -103,7 +103,7 @@ def test_pidfd_opened_before_check_closes_the_reuse_race(children, monkeypatch) 
     assert out.status == "gone"
 
 
-@pytest.mark.parametrize("pid", [1, os.getpid(), os.getppid()])
+@pytest.mark.parametrize("pid", [1, os.getpid(), os.getppid()], ids=["init", "agent", "parent"])
 def test_init_agent_and_parent_are_never_signalled(pid: int) -> None:
     out = ProcessSignaller().send(pid, psutil.Process(pid).create_time(), signal.SIGTERM, POLICY)
     assert out.status == "refused"
