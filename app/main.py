@@ -184,7 +184,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             """Browsers ask for /favicon.ico whatever a page links (JSON and API documents too)."""
             return RedirectResponse("/static/favicon.svg", status_code=301)
     # The Now fragment of a large lab is ~2 MB of HTML every 5 s per open tab: compress.
-    app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
+    from app.middleware import compression
+
+    app.add_middleware(GZipMiddleware, minimum_size=compression.MINIMUM_SIZE, compresslevel=compression.LEVEL)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     from app.middleware.headers import SecurityHeaders
 

@@ -20,6 +20,7 @@ from app.models import Host, User
 from app.security import HOST_TOKEN_PREFIX
 from app.services import hosts as host_service
 from app.services import users as user_service
+from app.services.lab_holds import HoldsCache
 
 
 def _session(request: Request, write: bool) -> Iterator[Session]:
@@ -161,3 +162,12 @@ class PageParams:
 
 
 PageDep = Annotated[PageParams, Depends()]
+
+
+def holds_cache(request: Request) -> HoldsCache:
+    """The application's :class:`~app.services.lab_holds.HoldsCache` (one per app, per
+    process), shared by the device list and ``/metrics``."""
+    cache = getattr(request.app.state, "holds_cache", None)
+    if cache is None:
+        cache = request.app.state.holds_cache = HoldsCache()
+    return cache

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep
+from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep, holds_cache
 from app.models import utcnow
 from app.schemas.host import (
     DeviceConflictRead,
@@ -18,8 +18,9 @@ from app.schemas.host import (
     HostRead,
     HostUpdate,
 )
+from app.middleware.compression import accepts_gzip
 from app.services import device_claims
-from app.services import device_list as device_list_service
+from app.services.device_list_cache import DeviceListCache
 from app.services import devices as device_service
 from app.services import hosts as host_service
 
@@ -52,20 +53,32 @@ def update_host(name: str, data: HostUpdate, admin: AdminUser, session: WriteSes
     return device_service.get_host_read(session, name=name, now=utcnow())
 
 
+def device_list_cache(request: Request) -> DeviceListCache:
+    """The application's :class:`~app.services.device_list_cache.DeviceListCache`."""
+    cache = getattr(request.app.state, "device_list_cache", None)
+    if cache is None:
+        cache = request.app.state.device_list_cache = DeviceListCache(holds_cache(request))
+    return cache
+
+
 @router.get("/devices", response_model=list[DeviceRead])
 def list_devices(
+    request: Request,
     user: CurrentUser,
     session: SessionDep,
     page: PageDep,
-    response: Response,
     host: Annotated[str | None, Query(max_length=128)] = None,
 ) -> Response:
     """Every device with its latest telemetry, processes, current holder and next reservation;
     paginated (``limit``, ``offset``; total in ``X-Total-Count``)."""
-    # plain rows serialised once: validating thousands of response models cost more than the SQL
-    items = page.apply(device_list_service.device_list(session, now=utcnow(), host=host), response)
-    return Response(device_list_service.to_json_bytes(items), media_type="application/json",
-                    headers={"X-Total-Count": response.headers["X-Total-Count"]})
+    # documents reused between snapshots, each request keyed on what it reads of the database
+    cache = device_list_cache(request)
+    view = cache.view(session, now=utcnow(), host=host)
+    headers = {"X-Total-Count": str(len(view.docs))}
+    body, packed = cache.page(view, offset=page.offset, limit=page.limit, gzip=accepts_gzip(request))
+    if packed:  # compressed here (and kept) rather than by the middleware, which passes it through
+        headers |= {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+    return Response(body, media_type="application/json", headers=headers)
 
 
 @router.patch("/devices/{uuid}", response_model=DeviceRead)

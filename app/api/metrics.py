@@ -2,9 +2,11 @@
 
 Mounted at the root (``/metrics``), unauthenticated like ``/healthz`` unless
 ``GPUROSTER_METRICS_TOKEN`` is set (then a bearer token, :mod:`app.api.metrics_auth`):
-keep it on the internal network or behind the reverse proxy (see docs/deploy.md). Each scrape renders one
-:class:`~app.services.metrics.DatabaseCollector` over the request's session, so every
-worker and replica answers from the same database state.
+keep it on the internal network or behind the reverse proxy (see docs/deploy.md). Each scrape is
+written by the application's :class:`~app.services.metrics_cache.MetricsCache` (what
+:class:`~app.services.metrics.DatabaseCollector` writes, with per-host text reused under keys
+read from the database on every scrape), so every worker and replica answers from the same
+database state.
 
 :func:`install` also records refused bookings (409 reservation conflicts) for the
 ``gpuroster_reservation_conflicts_total`` counter: the request's transaction is rolled back
@@ -21,22 +23,33 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import SessionDep
+from app.api.deps import SessionDep, holds_cache
 from app.api.metrics_auth import require_metrics_token
 from app.db import run_in_transaction
 from app.errors import ReservationConflict, problem_response
 from app.models import utcnow
 from app.services import metrics as metrics_service
+from app.services.metrics_cache import MetricsCache
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["ops"])
 
 
+def metrics_cache(request: Request) -> MetricsCache:
+    """The application's :class:`~app.services.metrics_cache.MetricsCache` (one per app, per
+    process; the holders shared with the device list)."""
+    cache = getattr(request.app.state, "metrics_cache", None)
+    if cache is None:
+        cache = request.app.state.metrics_cache = MetricsCache(holds_cache(request))
+    return cache
+
+
 @router.get("/metrics", include_in_schema=False, response_class=Response, dependencies=[Depends(require_metrics_token)])
-def metrics(session: SessionDep) -> Response:
+def metrics(request: Request, session: SessionDep) -> Response:
     """Per-device gauges, per-host freshness and row-count counters in Prometheus text format."""
-    return Response(metrics_service.DatabaseCollector(session, now=utcnow()).exposition(), media_type=CONTENT_TYPE_LATEST)
+    # per-host text reused between snapshots, keyed on what each scrape reads of the database
+    return Response(metrics_cache(request).exposition(session, now=utcnow()), media_type=CONTENT_TYPE_LATEST)
 
 
 def _conflict_ids(exc: ReservationConflict) -> list[int]:

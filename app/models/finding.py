@@ -37,7 +37,7 @@ class Finding(Base):
     device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id", ondelete="SET NULL"), index=True)
     key: Mapped[str] = mapped_column(String(256))
     kind: Mapped[str] = mapped_column(String(16))
-    state: Mapped[str] = mapped_column(String(16), default="open")
+    state: Mapped[str] = mapped_column(String(16), default="open", index=True)  # the live ones are read lab-wide
     pid: Mapped[int | None] = mapped_column(Integer)
     create_time: Mapped[float | None] = mapped_column(Float)
     unix_user: Mapped[str | None] = mapped_column(String(64), index=True)
@@ -84,7 +84,7 @@ class AuditLog(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     actor: Mapped[str] = mapped_column(String(160), comment="user:<name> | host:<name> | system")
-    action: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(64), index=True)  # /metrics counts one action's rows
     target: Mapped[str | None] = mapped_column(String(256))
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 

@@ -134,6 +134,8 @@ class ReservationDevice(Base):
     __table_args__ = (
         Index("ix_reservation_devices_device_id_end_at", "device_id", "end_at"),
         Index("ix_reservation_devices_physical_id_end_at", "physical_id", "end_at"),
+        # the lab-wide read of what has not ended (app.services.lab_holds)
+        Index("ix_reservation_devices_end_at", "end_at"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

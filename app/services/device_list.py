@@ -7,22 +7,29 @@ of :class:`app.schemas.host.DeviceRead` directly and serialises them with pydant
 so the answer is the one :func:`app.services.devices.list_devices` gives (a test compares
 them), at a fraction of the cost. The status rules are shared with it
 (:func:`app.services.devices.device_status`, :func:`app.services.devices.host_state`).
+
+A device's document has two parts: what only a snapshot of its host, an admin's change to a
+device or a user's Unix uid changes (:func:`read_base`, reused between snapshots by
+:mod:`app.services.device_list_cache`), and what bookings, quarantines and the clock change
+(:func:`live_part`). :func:`device_list` puts them together uncached.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from datetime import UTC, datetime
-from typing import Any
+from collections import defaultdict, namedtuple
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from pydantic_core import to_json
-from sqlalchemy import and_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User
+from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, User
+from app.models.states import LIVE_FINDING_STATES
 from app.services.conflicts import HeldBy, holder_at
 from app.services.devices import device_status, host_state, owner_label, process_occupies, slice_label
-from app.services.plain_holdings import plain_holdings
+from app.services.lab_holds import FOREVER
+from app.services.plain_holdings import CHUNK, plain_holdings
 
 _TELEMETRY = (
     "collected_at", "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w",
@@ -30,108 +37,176 @@ _TELEMETRY = (
     "processes_error", "memory_reserved_mib", "process_data", "process_data_detail", "last_owner",
 )
 _PROCESS = ("pid", "type", "used_memory_mib", "unix_user", "uid", "command", "name", "container_id", "owner_status")
+_HOST = ("id", "name", "last_seen_at", "last_seq", "last_collected_at", "interval_seconds", "monitoring_status")
+
+HostRow = namedtuple("HostRow", _HOST)
+"""A host's columns the list reads (instants UTC, ``interval_seconds`` seconds)."""
 
 
-def device_list(session: Session, *, now: datetime, host: str | None = None) -> list[dict[str, Any]]:
-    """Non-retired devices (all, or of ``host``) as ``DeviceRead``-shaped dicts, ordered by
-    host name and index (MIG instances after their GPU); ``now`` (UTC) decides holders and
-    staleness. Five statements up to 5,000 devices (two more per further 5,000)."""
-    ids = select(Device.id).where(Device.retired_at.is_(None))
+def host_version(h: HostRow) -> tuple:
+    """What every snapshot of ``h`` rewrites (as :func:`app.services.now_state.read_hosts`
+    keys the Now page), with its name: the key its devices' base is reused under."""
+    return (h.name, h.last_seen_at, h.last_seq, h.last_collected_at)
+
+
+class DeviceBase(NamedTuple):
+    """A device between two snapshots of its host: ``doc``, its document up to ``processes``
+    (the keys of ``DeviceRead`` in order); what its status needs besides holders and the
+    host's state; ``findings``, its live findings' (pid, kind) by finding id."""
+
+    id: int
+    parent_id: int | None
+    doc: dict[str, Any]
+    lost: bool
+    computing: bool
+    process_data: str
+    findings: tuple[tuple[int, str], ...]
+
+
+def read_hosts(session: Session, *, host: str | None = None) -> list[HostRow]:
+    """Every host (or the one named ``host``) by name."""
+    q = select(*(getattr(Host, c) for c in _HOST)).order_by(Host.name)
     if host:
-        ids = ids.join(Host, Host.id == Device.host_id).where(Host.name == host)
-    devices = session.execute(
-        select(Device.id, Device.uuid, Device.index, Device.name, Device.pci_bus_id, Device.memory_total_mib,
-               Device.parent_id, Device.mig_profile, Device.is_open, Device.last_seen_at, Device.gpu_instance_id,
-               Host.name, Host.last_seen_at, Host.interval_seconds, Host.monitoring_status,
-               DeviceQuarantine.reason, DeviceQuarantine.started_at, DeviceQuarantine.self_clearing)
-        .join(Host, Host.id == Device.host_id)
-        # the open health quarantine, in the same statement (at most one per device)
-        .outerjoin(DeviceQuarantine, and_(DeviceQuarantine.device_id == Device.id, DeviceQuarantine.cleared_at.is_(None)))
-        .where(Device.id.in_(ids))
-        .order_by(Device.id)
-    ).all()
-    if not devices:
-        return []
-    tele = {row[0]: dict(zip(_TELEMETRY, row[1:], strict=True)) for row in session.execute(
-        select(DeviceTelemetry.device_id, *(getattr(DeviceTelemetry, c) for c in _TELEMETRY))
-        .where(DeviceTelemetry.device_id.in_(ids)))}
-    procs: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for row in session.execute(
-        select(DeviceProcess.device_id, *(getattr(DeviceProcess, c) for c in _PROCESS))
-        .where(DeviceProcess.device_id.in_(ids)).order_by(DeviceProcess.pid)
+        q = q.where(Host.name == host)
+    return [HostRow._make(r) for r in session.execute(q)]
+
+
+def live_findings(session: Session) -> dict[int, tuple[tuple[int, str], ...]]:
+    """Device id -> (pid, kind) of its live findings that name a process, by finding id:
+    the lab's, in one statement (walks ``ix_findings_state``; the live ones are few)."""
+    out: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for dev_id, pid, kind in session.execute(
+        select(Finding.device_id, Finding.pid, Finding.kind)
+        .where(Finding.state.in_(LIVE_FINDING_STATES), Finding.pid.is_not(None), Finding.device_id.is_not(None))
+        .order_by(Finding.id)
     ):
-        procs[row[0]].append(dict(zip(_PROCESS, row[1:], strict=True)))
+        out[dev_id].append((pid, kind))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def open_quarantines(session: Session) -> dict[int, dict[str, Any]]:
+    """Device id -> its open health quarantine as the list shows it (``reason``, ``since``
+    UTC, ``self_clearing``): the lab's, in one statement (open ones are few)."""
+    return {dev_id: {"reason": reason, "since": since, "self_clearing": self_clearing}
+            for dev_id, reason, since, self_clearing in session.execute(
+                select(DeviceQuarantine.device_id, DeviceQuarantine.reason, DeviceQuarantine.started_at,
+                       DeviceQuarantine.self_clearing)
+                .where(DeviceQuarantine.cleared_at.is_(None)).order_by(DeviceQuarantine.id))}
+
+
+def read_base(session: Session, hosts: list[HostRow]) -> dict[int, list[DeviceBase]]:
+    """Host id -> the :class:`DeviceBase` of its non-retired devices, by index (MIG
+    instances after their GPU, then by id), for ``hosts``. Five statements up to 4,000
+    devices (findings, reservations and parents by explicit ids, in chunks under SQLite's
+    bound-parameter limit, so the planner walks the device indexes)."""
+    names = {h.id: h.name for h in hosts}
+    devices = []
+    for i in range(0, len(hosts), CHUNK):
+        devices += session.execute(
+            select(Device.id, Device.uuid, Device.index, Device.name, Device.pci_bus_id, Device.memory_total_mib,
+                   Device.parent_id, Device.mig_profile, Device.is_open, Device.last_seen_at, Device.gpu_instance_id,
+                   Device.host_id)
+            .where(Device.host_id.in_([h.id for h in hosts[i : i + CHUNK]]), Device.retired_at.is_(None))
+            .order_by(Device.id)
+        ).all()
+    if not devices:
+        return {}
+    dev_ids = [d[0] for d in devices]
+    tele: dict[int, dict[str, Any]] = {}
+    procs: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    findings: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for i in range(0, len(dev_ids), CHUNK):
+        chunk = dev_ids[i : i + CHUNK]
+        for row in session.execute(select(DeviceTelemetry.device_id, *(getattr(DeviceTelemetry, c) for c in _TELEMETRY))
+                                   .where(DeviceTelemetry.device_id.in_(chunk))):
+            tele[row[0]] = dict(zip(_TELEMETRY, row[1:], strict=True))
+        for row in session.execute(select(DeviceProcess.device_id, *(getattr(DeviceProcess, c) for c in _PROCESS))
+                                   .where(DeviceProcess.device_id.in_(chunk)).order_by(DeviceProcess.pid)):
+            procs[row[0]].append(dict(zip(_PROCESS, row[1:], strict=True)))
+        for dev_id, pid, kind in session.execute(
+            select(Finding.device_id, Finding.pid, Finding.kind)
+            .where(Finding.device_id.in_(chunk), Finding.state.in_(LIVE_FINDING_STATES), Finding.pid.is_not(None))
+            .order_by(Finding.id)
+        ):
+            findings[dev_id].append((pid, kind))
     bare_uids = {p["uid"] for plist in procs.values() for p in plist if p["owner_status"] == "uid_only" and p["uid"] is not None}
     uid_names = dict(session.execute(select(User.unix_uid, User.username).where(User.unix_uid.in_(bare_uids))).all()) \
         if bare_uids else {}
-    # Findings and reservations grow with history: look them up by explicit device ids (in
-    # chunks, under SQLite's bound-parameter limit) so the planner walks their device
-    # indexes; with a subquery PostgreSQL scanned the whole table.
-    dev_ids = [d[0] for d in devices]
-    findings: dict[int, dict[int, str]] = defaultdict(dict)
-    for chunk in _chunks(dev_ids):
-        for dev_id, pid, kind in session.execute(
-            select(Finding.device_id, Finding.pid, Finding.kind)
-            .where(Finding.device_id.in_(chunk), Finding.state.in_(("open", "notified")), Finding.pid.is_not(None))
-            .order_by(Finding.id)
-        ):
-            findings[dev_id][pid] = kind
-
-    # current holder and next reservation: the one holder rule (a whole GPU and its MIG
-    # slices hold each other), applied to plain rows
-    _forever = datetime.max.replace(tzinfo=UTC)
-    held = plain_holdings(session, devices=devices, start=now, end=_forever)
-
     uuids = {d[0]: d[1] for d in devices}
     indices = {d[0]: d[2] for d in devices}
     missing = {d[6] for d in devices if d[6] is not None and d[6] not in uuids}
     if missing:
         for pid_, puuid, pindex in session.execute(select(Device.id, Device.uuid, Device.index).where(Device.id.in_(missing))):
             uuids[pid_], indices[pid_] = puuid, pindex
-    states: dict[str, str] = {}
-    out: list[tuple[tuple, dict[str, Any]]] = []
-    quarantined = {row[0]: {"reason": row[15], "since": row[16], "self_clearing": row[17]}
-                   for row in devices if row[15] is not None}
-    for (dev_id, uuid, index, name, pci, mem, parent_id, mig_profile, is_open, last_seen, gi,
-         host_name, h_seen, h_interval, h_status, *_quarantine) in devices:
-        state = states.get(host_name)
-        if state is None:
-            state = states[host_name] = host_state(h_seen, h_interval, h_status, now)[0]
-        found_h = held.get(dev_id, [])
-        current = holder_at(found_h, now)
-        upcoming = next((h for h in found_h if h.reservation.start_at > now), None)
-        holder = _holder_dict(current.reservation) if current is not None else None
-        nxt = _holder_dict(upcoming.reservation) if upcoming is not None else None
+    out: dict[int, list[tuple[tuple, DeviceBase]]] = defaultdict(list)
+    for dev_id, uuid, index, name, pci, mem, parent_id, mig_profile, is_open, last_seen, gi, host_id in devices:
         t = tele.get(dev_id)
-        found = findings.get(dev_id, {})
+        found = dict(findings.get(dev_id, ()))  # a later finding of the same pid wins
         plist = procs.get(dev_id, [])
         for p in plist:
             p["owner"] = owner_label(p["unix_user"], p["owner_status"], p["uid"], uid_names)
             p["finding"] = found.get(p["pid"])
-        status = device_status(
-            retired=False, lost=t is not None and t["health"] == "lost", host_state=state, has_finding=bool(found),
+        doc = {
+            "uuid": uuid, "host": names[host_id], "index": index,
+            "label": slice_label(index, parent_id, gi, uuid, indices.get(parent_id) if parent_id else None), "name": name,
+            "pci_bus_id": pci, "memory_total_mib": mem, "parent_uuid": uuids.get(parent_id) if parent_id else None,
+            "mig_profile": mig_profile, "is_open": is_open, "retired": False, "last_seen_at": last_seen, "telemetry": t,
+            "processes": plist,
+        }
+        key = (index if index is not None else 1 << 30, parent_id or 0, gi or 0, dev_id)
+        out[host_id].append((key, DeviceBase(
+            id=dev_id, parent_id=parent_id, doc=doc, lost=t is not None and t["health"] == "lost",
             computing=any(process_occupies(p["unix_user"], p["owner_status"], p["type"]) for p in plist),
-            held=holder is not None, process_data=(t or {}).get("process_data") or "ok",
-        )
-        key = (host_name, index if index is not None else 1 << 30, parent_id or 0, gi or 0)
-        out.append((key, {
-            "uuid": uuid, "host": host_name, "index": index,
-            "label": slice_label(index, parent_id, gi, uuid, indices.get(parent_id) if parent_id else None), "name": name, "pci_bus_id": pci, "memory_total_mib": mem,
-            "parent_uuid": uuids.get(parent_id) if parent_id else None, "mig_profile": mig_profile,
-            "is_open": is_open, "retired": False, "last_seen_at": last_seen, "telemetry": t, "processes": plist,
-            "holder": holder, "next_reservation": nxt, "status": status,
-            "quarantine": quarantined.get(dev_id) or (quarantined.get(parent_id) if parent_id else None),
-        }))
-    out.sort(key=lambda x: x[0])
-    return [d for _k, d in out]
+            process_data=(t or {}).get("process_data") or "ok", findings=tuple(findings.get(dev_id, ())),
+        )))
+    return {hid: [b for _k, b in sorted(rows, key=lambda x: x[0])] for hid, rows in out.items()}
 
 
-def _holder_dict(r: Reservation | HeldBy) -> dict[str, Any]:
+def host_status(h: HostRow, now: datetime) -> str:
+    """``h``'s :class:`~app.models.states.HostStatus` at ``now`` (UTC)."""
+    return host_state(h.last_seen_at, h.interval_seconds, h.monitoring_status, now)[0]
+
+
+def live_part(d: DeviceBase, *, state: str, holder: HeldBy | None, upcoming: HeldBy | None,
+              quarantine: dict[str, Any] | None) -> dict[str, Any]:
+    """The rest of ``d``'s document (``holder``, ``next_reservation``, ``status``,
+    ``quarantine``): ``state``, its host's status; ``quarantine``, the open one keeping it
+    from booking (its own, or its GPU's for a MIG instance)."""
+    return {
+        "holder": _holder_dict(holder) if holder is not None else None,
+        "next_reservation": _holder_dict(upcoming) if upcoming is not None else None,
+        "status": device_status(retired=False, lost=d.lost, host_state=state, has_finding=bool(d.findings),
+                                computing=d.computing, held=holder is not None, process_data=d.process_data),
+        "quarantine": quarantine,
+    }
+
+
+def device_list(session: Session, *, now: datetime, host: str | None = None) -> list[dict[str, Any]]:
+    """Non-retired devices (all, or of ``host``) as ``DeviceRead``-shaped dicts, ordered by
+    host name and index (MIG instances after their GPU); ``now`` (UTC) decides holders and
+    staleness. Uncached: the reference the cached list (:mod:`app.services.device_list_cache`)
+    is tested against."""
+    hosts = read_hosts(session, host=host)
+    base = read_base(session, hosts)
+    every = [d for ds in base.values() for d in ds]
+    held = plain_holdings(session, devices=every, start=now, end=FOREVER)
+    listed = {d.id for d in every}
+    quarantines = {k: v for k, v in open_quarantines(session).items() if k in listed}
+    out = []
+    for h in hosts:
+        state = host_status(h, now)
+        for d in base.get(h.id, ()):
+            found = held.get(d.id, [])
+            current = holder_at(found, now)
+            upcoming = next((x.reservation for x in found if x.reservation.start_at > now), None)
+            q = quarantines.get(d.id) or (quarantines.get(d.parent_id) if d.parent_id else None)
+            out.append({**d.doc, **live_part(d, state=state, holder=current.reservation if current else None,  # type: ignore[arg-type]
+                                             upcoming=upcoming, quarantine=q)})  # type: ignore[arg-type]
+    return out
+
+
+def _holder_dict(r: HeldBy) -> dict[str, Any]:
     return {"reservation_id": r.id, "user": r.user.username, "start": r.start_at, "end": r.end_at}
-
-
-def _chunks(ids: list[int], size: int = 5000) -> list[list[int]]:
-    return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
 def to_json_bytes(items: list[dict[str, Any]]) -> bytes:

@@ -119,6 +119,67 @@ class _Families:
         return iter(self.families)
 
 
+DEVICE_FAMILIES = (
+    ("gpuroster_device_utilization_percent", "GPU utilization, percent (0-100)"),
+    ("gpuroster_device_memory_used_bytes", "device memory in use, bytes"),
+    ("gpuroster_device_memory_total_bytes", "device memory, bytes"),
+    ("gpuroster_device_temperature_celsius", "GPU temperature, degrees Celsius"),
+    ("gpuroster_device_power_watts", "power draw, watts"),
+)
+"""(name, help) of the per-device gauge families, in exposition order."""
+
+
+def host_families(hosts: list, up: set[int], now: datetime) -> list[TextGauge]:
+    """``gpuroster_host_up``, ``..._seconds_since_snapshot`` and ``..._clock_offset_seconds``
+    of ``hosts`` (anything with ``id``, ``name``, ``source``, ``last_seen_at``,
+    ``clock_offset_s``) by name; ``up``: the ids of hosts that are up at ``now`` (UTC)."""
+    host_up = TextGauge("gpuroster_host_up", "1 when the host's agent reports within its stale window "
+                        "and NVML works, else 0", ("host", "source"))
+    host_age = TextGauge("gpuroster_host_seconds_since_snapshot",
+                         "seconds since the service last received a snapshot from the host", ("host",))
+    host_clock = TextGauge("gpuroster_host_clock_offset_seconds",
+                           "the service's clock minus the host's, as the agent measured it", ("host",))
+    for h in sorted(hosts, key=lambda h: h.name):
+        host_up.add_metric((h.name, h.source or ""), 1.0 if h.id in up else 0.0)
+        if h.last_seen_at is not None:
+            host_age.add_metric((h.name,), max(0.0, (now - h.last_seen_at).total_seconds()))
+        if h.clock_offset_s is not None:
+            host_clock.add_metric((h.name,), h.clock_offset_s)
+    return [host_up, host_age, host_clock]
+
+
+def counter_families(s: Session, hosts: dict) -> list[Metric]:
+    """The row-count counters (reservations, refused bookings, findings by kind, notices by
+    channel) and the open findings per host (``hosts``: id -> anything with ``name``).
+    Five statements; the refused bookings walk ``ix_audit_log_action``."""
+    out: list[Metric] = [
+        CounterMetricFamily("gpuroster_reservations_created", "reservations booked (all states)",
+                            value=s.scalar(select(func.count()).select_from(Reservation)) or 0),
+        CounterMetricFamily(
+            "gpuroster_reservation_conflicts", "bookings refused with 409 because the devices were reserved",
+            value=s.scalar(select(func.count()).select_from(AuditLog).where(AuditLog.action == CONFLICT_ACTION)) or 0,
+        ),
+    ]
+    findings = CounterMetricFamily("gpuroster_findings", "findings reported by agents, by kind", labels=("kind",))
+    for kind, n in sorted(s.execute(select(Finding.kind, func.count()).group_by(Finding.kind)).all()):
+        findings.add_metric((kind,), n)
+    notices = CounterMetricFamily("gpuroster_notices", "notices sent about findings, by channel", labels=("channel",))
+    for channel, n in sorted(s.execute(select(Notice.channel, func.count()).group_by(Notice.channel)).all()):
+        notices.add_metric((channel,), n)
+    open_by: dict[tuple[str, str], int] = defaultdict(int)
+    for host_id, kind, n in s.execute(
+        select(Finding.host_id, Finding.kind, func.count())
+        .where(Finding.state.in_(LIVE_FINDING_STATES))
+        .group_by(Finding.host_id, Finding.kind)
+    ):
+        if host_id in hosts:
+            open_by[(hosts[host_id].name, kind)] += n
+    open_f = GaugeMetricFamily("gpuroster_findings_open", "findings still open or notified", labels=("host", "kind"))
+    for (host, kind), n in sorted(open_by.items()):
+        open_f.add_metric((host, kind), n)
+    return [*out, findings, notices, open_f]
+
+
 class DatabaseCollector:
     """A ``prometheus_client`` collector reading the latest state through ``session`` at ``now``.
 
@@ -157,21 +218,7 @@ class DatabaseCollector:
         hosts = {h.id: h for h in s.scalars(select(Host))}
         up_hosts = {hid for hid, h in hosts.items() if host_status(h, now)[0] not in NOT_UP}
 
-        host_up = GaugeMetricFamily("gpuroster_host_up", "1 when the host's agent reports within its stale window "
-                                    "and NVML works, else 0", labels=("host", "source"))
-        host_age = GaugeMetricFamily("gpuroster_host_seconds_since_snapshot",
-                                     "seconds since the service last received a snapshot from the host", labels=("host",))
-        host_clock = GaugeMetricFamily("gpuroster_host_clock_offset_seconds",
-                                       "the service's clock minus the host's, as the agent measured it", labels=("host",))
-        for hid, h in sorted(hosts.items(), key=lambda kv: kv[1].name):
-            host_up.add_metric((h.name, h.source or ""), 1.0 if hid in up_hosts else 0.0)
-            if h.last_seen_at is not None:
-                host_age.add_metric((h.name,), max(0.0, (now - h.last_seen_at).total_seconds()))
-            if h.clock_offset_s is not None:
-                host_clock.add_metric((h.name,), h.clock_offset_s)
-        yield host_up
-        yield host_age
-        yield host_clock
+        yield from host_families(list(hosts.values()), up_hosts, now)
 
         # Devices in their host's latest snapshot: telemetry written by that very snapshot.
         # Plain rows (named like the model attributes), not ORM objects: a large lab has
@@ -194,11 +241,7 @@ class DatabaseCollector:
         holders = {dev_id: h.reservation.user.username
                    for dev_id, h in holders_at(s, devices=list(devices.values()), at=now).items()}
 
-        util = TextGauge("gpuroster_device_utilization_percent", "GPU utilization, percent (0-100)", DEVICE_LABELS)
-        mem_used = TextGauge("gpuroster_device_memory_used_bytes", "device memory in use, bytes", DEVICE_LABELS)
-        mem_total = TextGauge("gpuroster_device_memory_total_bytes", "device memory, bytes", DEVICE_LABELS)
-        temp = TextGauge("gpuroster_device_temperature_celsius", "GPU temperature, degrees Celsius", DEVICE_LABELS)
-        power = TextGauge("gpuroster_device_power_watts", "power draw, watts", DEVICE_LABELS)
+        util, mem_used, mem_total, temp, power = (TextGauge(name, doc, DEVICE_LABELS) for name, doc in DEVICE_FAMILIES)
         for d, t in sorted(rows, key=lambda r: (hosts[r[0].host_id].name, r[0].uuid)):
             labels = (hosts[d.host_id].name, device_index_label(d, parents), d.uuid, d.name or "", holders.get(d.id, ""))
             if t.utilization_gpu is not None:
@@ -231,33 +274,7 @@ class DatabaseCollector:
                 proc_mem.add_metric((hosts[d.host_id].name, d.uuid, str(pid), user or "", name or ""), used * MIB)
         yield proc_mem
 
-        yield CounterMetricFamily("gpuroster_reservations_created", "reservations booked (all states)",
-                                  value=s.scalar(select(func.count()).select_from(Reservation)) or 0)
-        yield CounterMetricFamily(
-            "gpuroster_reservation_conflicts", "bookings refused with 409 because the devices were reserved",
-            value=s.scalar(select(func.count()).select_from(AuditLog).where(AuditLog.action == CONFLICT_ACTION)) or 0,
-        )
-        findings = CounterMetricFamily("gpuroster_findings", "findings reported by agents, by kind", labels=("kind",))
-        for kind, n in sorted(s.execute(select(Finding.kind, func.count()).group_by(Finding.kind)).all()):
-            findings.add_metric((kind,), n)
-        yield findings
-        notices = CounterMetricFamily("gpuroster_notices", "notices sent about findings, by channel", labels=("channel",))
-        for channel, n in sorted(s.execute(select(Notice.channel, func.count()).group_by(Notice.channel)).all()):
-            notices.add_metric((channel,), n)
-        yield notices
-
-        open_by: dict[tuple[str, str], int] = defaultdict(int)
-        for host_id, kind, n in s.execute(
-            select(Finding.host_id, Finding.kind, func.count())
-            .where(Finding.state.in_(LIVE_FINDING_STATES))
-            .group_by(Finding.host_id, Finding.kind)
-        ):
-            if host_id in hosts:
-                open_by[(hosts[host_id].name, kind)] += n
-        open_f = GaugeMetricFamily("gpuroster_findings_open", "findings still open or notified", labels=("host", "kind"))
-        for (host, kind), n in sorted(open_by.items()):
-            open_f.add_metric((host, kind), n)
-        yield open_f
+        yield from counter_families(s, hosts)
 
     def _quarantines(self, rows: list, hosts: dict, parents: dict, holders: dict) -> Iterator[Metric]:
         """Health state per device: ``gpuroster_device_quarantined`` 1/0 for the devices of up
@@ -287,4 +304,5 @@ class DatabaseCollector:
         yield cond
 
 
-__all__ = ["CONFLICT_ACTION", "DatabaseCollector", "TextGauge", "device_index_label", "record_conflict"]
+__all__ = ["CONFLICT_ACTION", "DEVICE_FAMILIES", "DatabaseCollector", "TextGauge", "counter_families", "device_index_label",
+           "host_families", "record_conflict"]

@@ -4,7 +4,7 @@ with no ORM objects, for pages and lists of thousands of devices."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from sqlalchemy import or_, select
@@ -36,15 +36,22 @@ def plain_holdings(session: Session, *, devices: Sequence, start: datetime, end:
                    or_(ReservationDevice.device_id.in_(chunk), ReservationDevice.physical_id.in_(phys)))
         ):
             seen[row[0]] = row
+    return match_holdings(devices, holding_rows(seen.values()))
+
+
+def holding_rows(rows: Iterable[Sequence]) -> list[tuple]:
+    """The rows :func:`~app.services.conflicts.match_holdings` takes, by start as
+    :func:`~app.services.conflicts.holdings` orders them (an item's interval is its
+    reservation's), from (item id, device id, physical id, slice kind, reservation id,
+    start, end, kind, note, username) tuples (UTC instants); one :class:`HeldBy` per
+    reservation."""
     users: dict[str, HolderName] = {}
     held: dict[int, HeldBy] = {}
-    rows = []
-    # by start, as holdings() orders them (an item's interval is its reservation's)
-    for _id, dev, phys_id, kind, rid, r_start, r_end, r_kind, note, username in sorted(
-            seen.values(), key=lambda r: (r[5], r[4])):
+    out = []
+    for _id, dev, phys_id, kind, rid, r_start, r_end, r_kind, note, username in sorted(rows, key=lambda r: (r[5], r[4])):
         r = held.get(rid)
         if r is None:
             user = users.get(username) or users.setdefault(username, HolderName(username))
             r = held[rid] = HeldBy(id=rid, start_at=r_start, end_at=r_end, kind=r_kind, note=note, user=user)
-        rows.append((dev, phys_id, kind, r, dev))
-    return match_holdings(devices, rows)
+        out.append((dev, phys_id, kind, r, dev))
+    return out
