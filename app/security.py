@@ -10,7 +10,8 @@ from pwdlib import PasswordHash
 from pwdlib.hashers.argon2 import Argon2Hasher
 
 # OWASP minimum for argon2id: m=19 MiB, t=2, p=1. We use m=19 MiB, t=2, p=1.
-_hasher = PasswordHash((Argon2Hasher(memory_cost=19 * 1024, time_cost=2, parallelism=1),))
+ARGON2_PARAMETERS = {"memory_cost": 19 * 1024, "time_cost": 2, "parallelism": 1}
+_hasher = PasswordHash((Argon2Hasher(**ARGON2_PARAMETERS),))
 _DUMMY = None
 
 API_TOKEN_PREFIX = "gpr_"

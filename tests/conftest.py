@@ -36,6 +36,26 @@ def require_pg() -> None:
         pytest.skip("SKIPPING POSTGRESQL TESTS: " + msg)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cheap_password_hashing() -> Iterator[None]:
+    """Passwords hashed in this process use argon2id at its lowest cost (64 KiB, one pass).
+
+    The tests sign in and create users with passwords a few thousand times; at the
+    production cost (about 30 ms a hash on this kind of machine) that is over a minute of
+    the suite spent in argon2. Verification reads the cost from each stored hash, so the
+    code paths are the same. Servers that tests start as processes keep the production
+    cost, which ``tests/app/test_password_cost.py`` checks in a fresh interpreter.
+    """
+    import app.security as security
+    from pwdlib import PasswordHash
+    from pwdlib.hashers.argon2 import Argon2Hasher
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(security, "_hasher", PasswordHash((Argon2Hasher(memory_cost=64, time_cost=1, parallelism=1),)))
+        mp.setattr(security, "_DUMMY", None)
+        yield
+
+
 @pytest.fixture(scope="session")
 def _sqlite_url(tmp_path_factory) -> str:
     from app.migrate import upgrade
@@ -265,3 +285,14 @@ def book(client, actor, devices, start, end=None, *, host="node-01", **extra):
     elif "duration" not in extra:
         body["duration"] = "PT1H"
     return client.post("/api/v1/reservations", json=body, headers=actor.headers)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Files with end-to-end tests (marked ``slow`` or ``browser``) run first, in their order.
+
+    ``./test`` spreads whole files over worker processes (pytest-xdist, ``--dist loadfile``),
+    handing each worker the next file as it finishes one: starting the few files of a
+    minute or more first keeps them from being the last ones running alone at the end.
+    """
+    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: the order inside each group is kept
