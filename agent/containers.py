@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+from agent.httpx_lean import httpx  # httpx without its own CLI (click, rich, pygments)
 
 log = logging.getLogger(__name__)
 

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from typing import Any
 
-# httpx imports its own command-line tool (click, rich and pygments: tens of milliseconds,
-# a third of the command's start) whenever they are installed, and typer installs rich; the
-# client never runs that tool, so its import is refused (httpx then defines a stub).
-sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-
-import httpx  # noqa: E402
-
+from agent.httpx_lean import httpx  # httpx without its own CLI (click, rich, pygments)
 from app.i18n import gettext as _
 from app import __version__
 

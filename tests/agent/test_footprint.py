@@ -1,0 +1,45 @@
+"""What the agent loads and keeps: module sets of a real start and poll, never times or bytes.
+
+A GPU host runs the agent from the base install; a developer's venv also has typer's rich
+and click, and the service's packages. Neither may end up in the agent's process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[2]
+# Nothing the agent runs needs these; httpx imports its CLI (click, rich, pygments) unless
+# refused (agent/httpx_lean.py), and the service's packages are not installed on GPU hosts.
+NOT_IN_THE_AGENT = {"rich", "click", "pygments", "typer", "fastapi", "starlette", "sqlalchemy", "jinja2", "babel",
+                    "app", "httpx._main"}
+
+CHILD = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from testkit.fake_nvml import busy_host, patched_pynvml
+import agent.main
+with patched_pynvml(busy_host(2)):
+    rc = agent.main.main(["--print", "--host", "footprint"])
+print("MODULES " + json.dumps(sorted(k for k, v in sys.modules.items() if v is not None)))  # None: refused
+sys.exit(rc)
+"""
+
+
+def test_a_start_and_poll_of_the_agent_load_no_cli_or_service_packages(tmp_path):
+    config = tmp_path / "agent.toml"
+    config.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUROSTER_AGENT_")}
+    env["GPUROSTER_AGENT_CONFIG"] = str(config)
+    out = subprocess.run([sys.executable, "-c", CHILD.format(repo=str(REPO))], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    modules = set(json.loads(out.stdout.rpartition("MODULES ")[2]))
+    assert '"host": "footprint"' in out.stdout  # the snapshot was built and printed
+    assert {"httpx", "pydantic_settings", "agent.collect"} <= modules  # the real wiring ran
+    assert {m for m in modules if m.split(".")[0] in NOT_IN_THE_AGENT or m in NOT_IN_THE_AGENT} == set()
