@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent.containers import ContainerDirectory
+
 
 REPO = Path(__file__).resolve().parents[2]
 # Nothing the agent runs needs these; httpx imports its CLI (click, rich, pygments) unless
@@ -43,3 +45,10 @@ def test_a_start_and_poll_of_the_agent_load_no_cli_or_service_packages(tmp_path)
     assert '"host": "footprint"' in out.stdout  # the snapshot was built and printed
     assert {"httpx", "pydantic_settings", "agent.collect"} <= modules  # the real wiring ran
     assert {m for m in modules if m.split(".")[0] in NOT_IN_THE_AGENT or m in NOT_IN_THE_AGENT} == set()
+
+
+def test_a_container_runtime_client_loads_no_ca_bundle(tmp_path):
+    sock = tmp_path / "docker.sock"
+    client = ContainerDirectory([sock], state_dirs=[])._client(sock)
+    assert str(client.base_url).startswith("http://")  # plain HTTP over the socket: TLS never spoken
+    assert client._transport._pool._ssl_context.cert_store_stats()["x509_ca"] == 0
