@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
+import agent.main as agent_main
+from agent import memtrim
 from agent.containers import ContainerDirectory
-
+from agent.main import Agent
+from tests.agent.conftest import nvml_builder
+from testkit.fake_nvml import busy_host
 
 REPO = Path(__file__).resolve().parents[2]
 # Nothing the agent runs needs these; httpx imports its CLI (click, rich, pygments) unless
@@ -45,6 +50,33 @@ def test_a_start_and_poll_of_the_agent_load_no_cli_or_service_packages(tmp_path)
     assert '"host": "footprint"' in out.stdout  # the snapshot was built and printed
     assert {"httpx", "pydantic_settings", "agent.collect"} <= modules  # the real wiring ran
     assert {m for m in modules if m.split(".")[0] in NOT_IN_THE_AGENT or m in NOT_IN_THE_AGENT} == set()
+
+
+class _SimClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += max(0.0, seconds)
+
+
+def test_the_loop_trims_the_heap_after_the_first_poll_and_every_trim_every_polls(tmp_path, monkeypatch):
+    trimmed_at: list[int] = []
+    monkeypatch.setattr(agent_main, "trim", lambda: trimmed_at.append(agent.seq.next()) or True)
+    clock = _SimClock()
+    agent = Agent(nvml_builder(busy_host(1)), None, state_dir=tmp_path, clock=clock, sleep=clock.sleep)
+    agent.run(max_ticks=2 * memtrim.TRIM_EVERY + 1)
+    # seq numbers drawn inside trim: one more than the polls before it
+    assert [s - i for i, s in enumerate(trimmed_at)] == [1, 1 + memtrim.TRIM_EVERY, 1 + 2 * memtrim.TRIM_EVERY]
+
+
+def test_trim_is_available_on_glibc_and_never_raises():
+    if platform.libc_ver()[0] == "glibc":
+        assert memtrim._TRIM is not None
+    assert memtrim.trim() in (True, False)
 
 
 def test_a_container_runtime_client_loads_no_ca_bundle(tmp_path):
