@@ -19,7 +19,6 @@ import typer
 
 from app.i18n import gettext as _
 from app.client import config as client_config
-from app.client.api import Api
 from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, command, duration_option, parse_start, pick,
                                 requested_start, reservation_body)
 from app.client.formatting import as_datetime, devices_text, fmt_span, fmt_time, gib, print_json, reservation_line, table
@@ -41,6 +40,8 @@ def login(
         raise Fail(_("--server: give the service's URL"), USAGE)
     if not url.startswith(("http://", "https://")):
         raise Fail(_("--server: %(url)r must start with http:// or https://", url=url), USAGE)
+    from app.client.api import Api  # httpx: imported by the first request, not by --help
+
     if token is None:
         user = username or typer.prompt("Username", default=getpass.getuser())
         if password_stdin:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
-from zoneinfo import ZoneInfo
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from app.sanitize import terminal_text
+
+if TYPE_CHECKING:  # only annotations here; the zone comes from the caller (app.client.context)
+    from zoneinfo import ZoneInfo
 
 
 # ---------------------------------------------------------------------------- formatting
