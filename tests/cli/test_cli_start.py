@@ -1,8 +1,8 @@
 """What ``gpuroster`` imports before it has work to do: module sets, never times.
 
 ``--help`` needs typer and the command definitions only; a member's command imports httpx
-when it sends its first request, and never the service's packages (bench/cli_start.py times
-the same starts).
+when it sends its first request, Babel when it formats a date or a number in a language,
+and never the service's packages (bench/cli_start.py times the same starts).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def run_cli(tmp_path, *args: str, **env: str) -> tuple[int, set[str]]:
     return result["code"], {m.split(".")[0] for m in result["modules"]} | set(result["modules"])
 
 
-def test_help_imports_neither_httpx_nor_the_service(tmp_path):
+def test_help_imports_neither_httpx_nor_babel_nor_the_service(tmp_path):
     code, modules = run_cli(tmp_path, "--help")
     assert code == 0 and "typer" in modules
-    assert modules & ({"httpx", "httpcore", "pydantic"} | SERVICE_PACKAGES) == set()
+    assert modules & ({"httpx", "httpcore", "babel", "zoneinfo", "pydantic"} | SERVICE_PACKAGES) == set()
 
 
 def test_a_command_imports_httpx_for_its_first_request_and_not_its_cli(tmp_path):
@@ -52,4 +52,4 @@ def test_a_command_imports_httpx_for_its_first_request_and_not_its_cli(tmp_path)
     assert code == 5  # unreachable: the request was sent
     assert "httpx" in modules and "httpx._main" not in modules
     # pydantic may be there: typer (0.2x) coerces a command's parameters with pydantic TypeAdapters
-    assert modules & ({"rich", "pygments"} | SERVICE_PACKAGES) == set()
+    assert modules & ({"babel", "rich", "pygments"} | SERVICE_PACKAGES) == set()
