@@ -21,7 +21,7 @@ from app.i18n import gettext as _
 from app.client import config as client_config
 from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, command, duration_option, parse_start, pick,
                                 requested_start, reservation_body)
-from app.client.formatting import as_datetime, devices_text, fmt_span, fmt_time, gib, print_json, reservation_line, table
+from app.client.formatting import HelpGroup, as_datetime, devices_text, fmt_span, fmt_time, gib, print_json, reservation_line, table
 from app.client.run import docker_args, run
 
 # ---------------------------------------------------------------------------- commands
@@ -358,7 +358,7 @@ def register(cli: typer.Typer) -> None:
     from app.client import waitlist as waitlist_commands
 
     add(waitlist_commands.wait, "wait")
-    group = typer.Typer(help=waitlist_commands.GROUP_HELP)
+    group = typer.Typer(cls=HelpGroup, help=waitlist_commands.GROUP_HELP)
     group.callback(invoke_without_command=True, epilog=EXIT_CODES)(
         _unless_subcommand(command(waitlist_commands.list_entries)))
     group.command("cancel", epilog=EXIT_CODES)(command(waitlist_commands.cancel))

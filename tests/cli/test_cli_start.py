@@ -43,7 +43,18 @@ def run_cli(tmp_path, *args: str, **env: str) -> tuple[int, set[str]]:
 def test_help_imports_neither_httpx_nor_babel_nor_the_service(tmp_path):
     code, modules = run_cli(tmp_path, "--help")
     assert code == 0 and "typer" in modules
-    assert modules & ({"httpx", "httpcore", "babel", "zoneinfo", "pydantic"} | SERVICE_PACKAGES) == set()
+    # rich: the help is plain (rich_markup_mode=None in app.cli)
+    assert modules & ({"httpx", "httpcore", "babel", "zoneinfo", "pydantic", "rich", "pygments"} | SERVICE_PACKAGES) == set()
+
+
+def test_plain_help_lists_each_command_with_its_whole_first_paragraph():
+    out = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "80"})
+    text = " ".join(out.stdout.split())
+    commands = out.stdout.partition("Commands:")[2]
+    assert out.returncode == 0 and commands and "..." not in commands  # click's own listing cuts lines with "..."
+    assert "login Sign in once: stores the server URL and an API token (mode 0600) under ~/.config/gpuroster/." in text
+    assert "waitlist Your waitlist entries (admins: --everyone); 'gpuroster waitlist cancel ID' withdraws one." in text
 
 
 def test_a_command_imports_httpx_for_its_first_request_and_not_its_cli(tmp_path):
