@@ -19,7 +19,6 @@ Dates, numbers and sizes are formatted with Babel in the lab's time zone
 from __future__ import annotations
 
 import gettext as _gettext
-import html
 import io
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -153,6 +152,8 @@ class LazyText:
         return gettext(self.message, **self.variables)
 
     def __html__(self) -> str:
+        import html  # the pages' renderer calls this; the command line never does
+
         return html.escape(str(self), quote=True)
 
     def __repr__(self) -> str:

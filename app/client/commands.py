@@ -7,9 +7,6 @@ zone. Exit codes are listed in :data:`EXIT_CODES` (and in ``--help``).
 
 from __future__ import annotations
 
-import getpass
-import shlex
-import socket
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -40,7 +37,11 @@ def login(
         raise Fail(_("--server: give the service's URL"), USAGE)
     if not url.startswith(("http://", "https://")):
         raise Fail(_("--server: %(url)r must start with http:// or https://", url=url), USAGE)
-    from app.client.api import Api  # httpx: imported by the first request, not by --help
+    # imported here, as by every command that needs them: --help and the other commands do not
+    import getpass
+    import socket
+
+    from app.client.api import Api
 
     if token is None:
         user = username or typer.prompt("Username", default=getpass.getuser())
@@ -271,6 +272,8 @@ def env(
     r = pick(ctx, rid, host, "env")
     uuids = r["cuda_visible_devices"]
     if docker:
+        import shlex
+
         typer.echo(" ".join(shlex.quote(a) for a in docker_args(ctx, uuids)))
         return
     typer.echo(f"export CUDA_VISIBLE_DEVICES={uuids}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -168,6 +167,8 @@ def parse_start(value: str, tz: ZoneInfo, now: datetime | None = None) -> tuple[
 def this_host(ctx: Ctx, given: str | None) -> str:
     if given:
         return given
+    import socket  # only the commands that resolve this host need it
+
     names = {h["name"] for h in ctx.api.get("/hosts")}
     full = socket.gethostname()
     for cand in (full, full.split(".")[0]):

@@ -45,6 +45,8 @@ def test_help_imports_neither_httpx_nor_babel_nor_the_service(tmp_path):
     assert code == 0 and "typer" in modules
     # rich: the help is plain (rich_markup_mode=None in app.cli)
     assert modules & ({"httpx", "httpcore", "babel", "zoneinfo", "pydantic", "rich", "pygments"} | SERVICE_PACKAGES) == set()
+    # standard modules only some commands use (login, env --docker, pages), imported there
+    assert modules & {"tempfile", "socket", "html", "getpass", "shlex"} == set()
 
 
 def test_plain_help_lists_each_command_with_its_whole_first_paragraph():
