@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
-import httpx
 from pydantic import ValidationError
 
 from agent import __version__
+from agent.httpx_lean import httpx  # httpx without its own CLI (click, rich, pygments)
 from agent.schema import SnapshotAck
 
 SNAPSHOT_PATH = "/api/v1/agent/snapshots"

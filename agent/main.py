@@ -39,6 +39,7 @@ from agent.args import exit_for_monitoring, parse_args
 from agent.clock import ServiceClock
 from agent.collect import SnapshotBuilder, fit_body
 from agent.consistency import judged_view
+from agent.memtrim import TRIM_EVERY, trim
 from agent.config import DEFAULT_STATE_DIR, AgentSettings, load_settings, read_token
 from agent.schema import Snapshot, SnapshotAck
 from agent.state import AckCache, DeadLetters, SeqCounter, Spool
@@ -247,6 +248,8 @@ class Agent:
                 warn_once(f"tick:{type(exc).__name__}", "poll failed: %r", exc, level=logging.ERROR)
                 log.debug("poll failure", exc_info=True)
             ticks += 1
+            if ticks % TRIM_EVERY == 1:  # after the first poll (start-up garbage), then every TRIM_EVERY
+                trim()
             if max_ticks is not None and ticks >= max_ticks:
                 break
             next_at += self.interval

@@ -13,6 +13,7 @@ import typer
 
 from app.client import boosts as boost_commands
 from app.client import commands as client_commands
+from app.client.formatting import HelpGroup
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -28,13 +29,18 @@ def get_settings() -> Settings:
 
 
 cli = typer.Typer(
+    cls=HelpGroup,
     name="gpuroster",
     help="GPU reservations for shared lab servers.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help and usage errors (click's layout): rendering them with rich imports rich and
+    # pygments, which took longer than everything else `gpuroster --help` does
+    # (bench/cli_start.py); no help text here uses rich markup. Sub-apps inherit the mode.
+    rich_markup_mode=None,
 )
-admin = typer.Typer(help="Administration on the server machine (talks to the database directly).", no_args_is_help=True)
+admin = typer.Typer(cls=HelpGroup, help="Administration on the server machine (talks to the database directly).", no_args_is_help=True)
 cli.add_typer(admin, name="admin")
 
 

@@ -19,7 +19,6 @@ Dates, numbers and sizes are formatted with Babel in the lab's time zone
 from __future__ import annotations
 
 import gettext as _gettext
-import html
 import io
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,12 +28,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from babel.dates import format_date as _babel_date
-from babel.dates import format_datetime as _babel_datetime
-from babel.messages.mofile import write_mo
-from babel.messages.pofile import read_po
-from babel.numbers import format_decimal
-from babel.support import Translations
+# Babel is imported by the functions that use it: English text (the source language) needs
+# no catalog, so a ``gpuroster`` command in English imports Babel only when it formats a date
+# or a number (the command line's start, bench/cli_start.py).
 
 DEFAULT_LOCALE = "en"
 # Each offered language with its name in itself (a language list is read by people who may
@@ -70,6 +66,10 @@ def translations(locale: str) -> _gettext.NullTranslations:
     path = po_path(locale)
     if locale == DEFAULT_LOCALE or not path.is_file():
         return _gettext.NullTranslations()
+    from babel.messages.mofile import write_mo
+    from babel.messages.pofile import read_po
+    from babel.support import Translations
+
     with path.open("rb") as fh:
         catalog = read_po(fh, locale=locale, domain=DOMAIN)
     buf = io.BytesIO()
@@ -152,6 +152,8 @@ class LazyText:
         return gettext(self.message, **self.variables)
 
     def __html__(self) -> str:
+        import html  # the pages' renderer calls this; the command line never does
+
         return html.escape(str(self), quote=True)
 
     def __repr__(self) -> str:
@@ -210,12 +212,16 @@ def format_local(dt: datetime, tz: tzinfo, style: str) -> str:
     (``14:05``), ``datetime`` (``Tue 01 Dec 14:05`` / ``12月1日 周二 14:05``),
     ``datetime_year``, ``date_year``, ``weekday_day`` (``Tue 01``), ``hour`` (``14``).
     Raises OverflowError past the zone's range (year 9999)."""
+    from babel.dates import format_datetime as _babel_datetime
+
     patterns = _PATTERNS.get(current_locale(), _PATTERNS["en"])
     return _babel_datetime(dt.astimezone(tz), patterns[style], tzinfo=tz, locale=current_locale())
 
 
 def format_day(day: date) -> str:
     """A calendar day with its weekday: ``Tue 01 Dec 2026`` / ``2026年12月1日 周二``."""
+    from babel.dates import format_date as _babel_date
+
     patterns = _PATTERNS.get(current_locale(), _PATTERNS["en"])
     return _babel_date(day, patterns["date_year"], locale=current_locale())
 
@@ -234,6 +240,8 @@ def format_when(dt: datetime, tz: tzinfo, *, now: datetime | None = None, full: 
 
 def format_number(value: float, digits: int = 0) -> str:
     """``value`` with ``digits`` decimals and the current locale's separators (``1,234.5``)."""
+    from babel.numbers import format_decimal
+
     pattern = "#,##0" + ("." + "0" * digits if digits > 0 else "")
     return format_decimal(value, format=pattern, locale=current_locale())
 

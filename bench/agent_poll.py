@@ -177,8 +177,9 @@ def main() -> int:
         print(f"{r['name']:<20} {r['cpu_ms']:>11.3f} {r['calls']:>10.0f} {r['nvml_ms']:>8.3f} {r['own_ms']:>7.3f} "
               f"{r['cpu_ms'] / 5000 * 100:>8.4f}% {r['cpu_ms'] / 1000 * 100:>8.3f}% {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
               f"{ratio:>11.2f}x")
-    print(f"agent RSS: {rss0 / 2**20:.1f} MiB before, {rss1 / 2**20:.1f} MiB after {AGENT_POLLS} polls "
-          f"(growth {(rss1 - rss0) / 2**10:+.0f} KiB)")
+    print(f"this process's RSS (agent plus the bench's fakes and stand-ins): {rss0 / 2**20:.1f} MiB before, "
+          f"{rss1 / 2**20:.1f} MiB after {AGENT_POLLS} polls (growth {(rss1 - rss0) / 2**10:+.0f} KiB); "
+          "the agent alone against its 40 MiB target: bench/agent_memory.py")
     print(f"container runtime: {container_requests} API request(s) for {len(cids)} containers over "
           f"{AGENT_POLLS + 2} polls (answers cached per container id)")
     for base in ("gpustat new_query", "nvitop snapshot"):

@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from typing import Any
 
-# httpx imports its own command-line tool (click, rich and pygments: tens of milliseconds,
-# a third of the command's start) whenever they are installed, and typer installs rich; the
-# client never runs that tool, so its import is refused (httpx then defines a stub).
-sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-
-import httpx  # noqa: E402
-
+from agent.httpx_lean import httpx  # httpx without its own CLI (click, rich, pygments)
 from app.i18n import gettext as _
 from app import __version__
+from app.client.errors import ApiError, NotConfigured, Unreachable
+
+__all__ = ["Api", "ApiError", "NotConfigured", "Unreachable"]
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 CREATE_ATTEMPTS = 3
-
-
-class ApiError(Exception):
-    """The server answered with an error status; ``doc`` is its problem document."""
-
-    def __init__(self, status: int, doc: dict[str, Any]) -> None:
-        self.status = status
-        self.doc = doc
-        super().__init__(self.detail)
-
-    @property
-    def detail(self) -> str:
-        return str(self.doc.get("detail") or self.doc.get("title") or f"HTTP {self.status}")
-
-
-class Unreachable(Exception):
-    """No answer from the server (connection refused, DNS, timeout)."""
-
-
-class NotConfigured(Exception):
-    """No server URL or no token: ``gpuroster login`` has not been run."""
 
 
 class Api:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from app.client.context import EXIT_CODES, USAGE, Ctx, Fail, command
-from app.client.formatting import as_datetime, fmt_span, fmt_time, print_json, table
+from app.client.formatting import HelpGroup, as_datetime, fmt_span, fmt_time, print_json, table
 from app.client.units import parse_duration
 from app.i18n import gettext as _
 
@@ -117,11 +117,11 @@ def register(cli: typer.Typer, admin: typer.Typer) -> None:
     def add(group: typer.Typer, fn: Callable[..., Any], name: str) -> None:
         group.command(name, epilog=EXIT_CODES)(command(fn))
 
-    member = typer.Typer(help="Quota boosts: ask for a temporary raise of a limit, list yours.", no_args_is_help=True)
+    member = typer.Typer(cls=HelpGroup, help="Quota boosts: ask for a temporary raise of a limit, list yours.", no_args_is_help=True)
     add(member, ask, "ask")
     add(member, list_, "list")
     cli.add_typer(member, name="boost")
-    decider = typer.Typer(help="Decide quota boosts (admins; group managers for their groups).", no_args_is_help=True)
+    decider = typer.Typer(cls=HelpGroup, help="Decide quota boosts (admins; group managers for their groups).", no_args_is_help=True)
     add(decider, approve, "approve")
     add(decider, deny, "deny")
     admin.add_typer(decider, name="boost")

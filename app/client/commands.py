@@ -7,9 +7,6 @@ zone. Exit codes are listed in :data:`EXIT_CODES` (and in ``--help``).
 
 from __future__ import annotations
 
-import getpass
-import shlex
-import socket
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -19,10 +16,9 @@ import typer
 
 from app.i18n import gettext as _
 from app.client import config as client_config
-from app.client.api import Api
 from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, command, duration_option, parse_start, pick,
                                 requested_start, reservation_body)
-from app.client.formatting import as_datetime, devices_text, fmt_span, fmt_time, gib, print_json, reservation_line, table
+from app.client.formatting import HelpGroup, as_datetime, devices_text, fmt_span, fmt_time, gib, print_json, reservation_line, table
 from app.client.run import docker_args, run
 
 # ---------------------------------------------------------------------------- commands
@@ -41,6 +37,12 @@ def login(
         raise Fail(_("--server: give the service's URL"), USAGE)
     if not url.startswith(("http://", "https://")):
         raise Fail(_("--server: %(url)r must start with http:// or https://", url=url), USAGE)
+    # imported here, as by every command that needs them: --help and the other commands do not
+    import getpass
+    import socket
+
+    from app.client.api import Api
+
     if token is None:
         user = username or typer.prompt("Username", default=getpass.getuser())
         if password_stdin:
@@ -270,6 +272,8 @@ def env(
     r = pick(ctx, rid, host, "env")
     uuids = r["cuda_visible_devices"]
     if docker:
+        import shlex
+
         typer.echo(" ".join(shlex.quote(a) for a in docker_args(ctx, uuids)))
         return
     typer.echo(f"export CUDA_VISIBLE_DEVICES={uuids}")
@@ -357,7 +361,7 @@ def register(cli: typer.Typer) -> None:
     from app.client import waitlist as waitlist_commands
 
     add(waitlist_commands.wait, "wait")
-    group = typer.Typer(help=waitlist_commands.GROUP_HELP)
+    group = typer.Typer(cls=HelpGroup, help=waitlist_commands.GROUP_HELP)
     group.callback(invoke_without_command=True, epilog=EXIT_CODES)(
         _unless_subcommand(command(waitlist_commands.list_entries)))
     group.command("cancel", epilog=EXIT_CODES)(command(waitlist_commands.cancel))

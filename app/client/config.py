@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,6 +62,8 @@ def save(cfg: ClientConfig) -> Path:
     d = config_dir()
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
+    import tempfile  # only `login` writes the configuration: the other commands start without it
+
     fd, tmp = tempfile.mkstemp(prefix=".config.", dir=d)
     try:
         os.fchmod(fd, 0o600)

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import functools
 import inspect
-import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from app.i18n import gettext as _
 from app.client import config as client_config
-from app.client.api import Api, ApiError, NotConfigured, Unreachable
+from app.client.errors import ApiError, NotConfigured, Unreachable
 from app.client.units import parse_duration, parse_memory_mib
 from app.sanitize import terminal_text
+
+if TYPE_CHECKING:  # imported where used: --help needs neither httpx nor the time zone database
+    from zoneinfo import ZoneInfo
+
+    from app.client.api import Api
 
 OK, ERROR, USAGE, CONFLICT, REFUSED, UNREACHABLE, AUTH = 0, 1, 2, 3, 4, 5, 6
 EXIT_CODES = (
@@ -52,6 +55,8 @@ class Ctx:
         if self._api is None:
             if not self.cfg.server or not self.cfg.token:
                 raise NotConfigured(_("not signed in: run 'gpuroster login --server URL' (or set GPUROSTER_SERVER and GPUROSTER_TOKEN)"))
+            from app.client.api import Api
+
             self._api = Api(self.cfg.server, self.cfg.token)
         return self._api
 
@@ -61,6 +66,8 @@ class Ctx:
 
     @functools.cached_property
     def tz(self) -> ZoneInfo:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
         name = self.cfg.timezone or self.api.get("/me/usage")["timezone"]
         try:
             return ZoneInfo(name)
@@ -160,6 +167,8 @@ def parse_start(value: str, tz: ZoneInfo, now: datetime | None = None) -> tuple[
 def this_host(ctx: Ctx, given: str | None) -> str:
     if given:
         return given
+    import socket  # only the commands that resolve this host need it
+
     names = {h["name"] for h in ctx.api.get("/hosts")}
     full = socket.gethostname()
     for cand in (full, full.split(".")[0]):
@@ -192,6 +201,8 @@ def requested_start(body: dict) -> datetime | None:
     start = body.get("start")
     if not start or start in ("asap", "now"):
         return None
+    from zoneinfo import ZoneInfo
+
     dt = datetime.fromisoformat(start)
     return dt.replace(tzinfo=ZoneInfo(body["tz"])) if dt.tzinfo is None and body.get("tz") else dt
 

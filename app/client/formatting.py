@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
-from zoneinfo import ZoneInfo
+from typing import TYPE_CHECKING, Any
 
 import typer
+from typer.core import TyperGroup
 
 from app.sanitize import terminal_text
+
+if TYPE_CHECKING:  # only annotations here; the zone comes from the caller (app.client.context)
+    from zoneinfo import ZoneInfo
+
+
+# ---------------------------------------------------------------------------- help
+
+
+class HelpGroup(TyperGroup):
+    """A command group whose plain help lists each command with the whole first paragraph of
+    its help, wrapped, as typer's rich layout does; click's own listing cuts it to what fits
+    on one line and ends it with "...". (The CLI prints plain help: ``app.cli``.)"""
+
+    def format_commands(self, ctx: typer.Context, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                text = cmd.short_help or (cmd.help or "").split("\n\n")[0]
+                rows.append((name, " ".join(text.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 # ---------------------------------------------------------------------------- formatting

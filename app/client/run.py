@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from app.i18n import gettext as _
-from app.client.api import ApiError, Unreachable
+from app.client.errors import ApiError, Unreachable
 from app.client.context import USAGE, Ctx, Fail, active_on, reservation_body, this_host
 from app.client.formatting import as_datetime, devices_text, fmt_time
 

@@ -1,0 +1,68 @@
+"""What ``gpuroster`` imports before it has work to do: module sets, never times.
+
+``--help`` needs typer and the command definitions only; a member's command imports httpx
+when it sends its first request, Babel when it formats a date or a number in a language,
+and never the service's packages (bench/cli_start.py times the same starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from testkit.live import free_port
+
+# Runs the command as the console script does (app.cli:main) and writes the modules loaded
+# when it ends (None entries are imports refused on purpose, see agent/httpx_lean.py).
+CHILD = """
+import json, sys
+sys.argv = ["gpuroster", *{args!r}]
+from app.cli import main
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+with open({out!r}, "w") as fh:
+    json.dump({{"code": code, "modules": sorted(k for k, v in sys.modules.items() if v is not None)}}, fh)
+"""
+SERVICE_PACKAGES = {"fastapi", "starlette", "sqlalchemy", "uvicorn", "jinja2", "alembic", "pydantic_settings"}
+
+
+def run_cli(tmp_path, *args: str, **env: str) -> tuple[int, set[str]]:
+    out = tmp_path / "modules.json"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GPUROSTER_", "LC_", "LANG"))}
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(args=list(args), out=str(out))], capture_output=True,
+                          text=True, timeout=120, env={**base, "XDG_CONFIG_HOME": str(tmp_path), **env})
+    assert out.exists(), proc.stderr
+    result = json.loads(out.read_text())
+    return result["code"], {m.split(".")[0] for m in result["modules"]} | set(result["modules"])
+
+
+def test_help_imports_neither_httpx_nor_babel_nor_the_service(tmp_path):
+    code, modules = run_cli(tmp_path, "--help")
+    assert code == 0 and "typer" in modules
+    # rich: the help is plain (rich_markup_mode=None in app.cli)
+    assert modules & ({"httpx", "httpcore", "babel", "zoneinfo", "pydantic", "rich", "pygments"} | SERVICE_PACKAGES) == set()
+    # standard modules only some commands use (login, env --docker, pages), imported there
+    assert modules & {"tempfile", "socket", "html", "getpass", "shlex"} == set()
+
+
+def test_plain_help_lists_each_command_with_its_whole_first_paragraph():
+    out = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "80"})
+    text = " ".join(out.stdout.split())
+    commands = out.stdout.partition("Commands:")[2]
+    assert out.returncode == 0 and commands and "..." not in commands  # click's own listing cuts lines with "..."
+    assert "login Sign in once: stores the server URL and an API token (mode 0600) under ~/.config/gpuroster/." in text
+    assert "waitlist Your waitlist entries (admins: --everyone); 'gpuroster waitlist cancel ID' withdraws one." in text
+
+
+def test_a_command_imports_httpx_for_its_first_request_and_not_its_cli(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    code, modules = run_cli(tmp_path, "status", GPUROSTER_SERVER=dead, GPUROSTER_TOKEN="t")
+    assert code == 5  # unreachable: the request was sent
+    assert "httpx" in modules and "httpx._main" not in modules
+    # pydantic may be there: typer (0.2x) coerces a command's parameters with pydantic TypeAdapters
+    assert modules & ({"babel", "rich", "pygments"} | SERVICE_PACKAGES) == set()
