@@ -24,7 +24,7 @@ from sqlalchemy import String, bindparam, select, type_coerce
 from sqlalchemy.orm import Session
 
 from app.models import Device, Reservation, ReservationDevice, User
-from app.services.conflicts import HeldBy, holder_at, match_holdings
+from app.services.conflicts import HeldBy, Holding, holder_at, match_holdings
 from app.services.plain_holdings import holding_rows
 
 FOREVER = datetime.max.replace(tzinfo=UTC)
@@ -104,17 +104,24 @@ def _compute(session: Session, devices: Sequence[DeviceRef], rows: tuple, now: d
     dialect = session.get_bind().dialect
     to_utc = Reservation.__table__.c.start_at.type.dialect_impl(dialect).result_processor(dialect, None)
     typed = [(*r[:5], to_utc(r[5]), to_utc(r[6]), *r[7:]) for r in rows]
+    edges = [t for r in typed for t in (r[5], r[6]) if t > now]
+    return now_and_next(match_holdings(devices, holding_rows(typed)), now, valid_until=min(edges, default=FOREVER))
+
+
+def now_and_next(held: dict[int, list[Holding]], now: datetime, *, valid_until: datetime) -> LabHolds:
+    """From each device's holdings (device id -> :class:`~app.services.conflicts.Holding`
+    list, by start): the reservation holding it at ``now`` (UTC, :func:`holder_at`) and the
+    first one starting after ``now``."""
     current: dict[int, HeldBy] = {}
     upcoming: dict[int, HeldBy] = {}
-    for dev_id, found in match_holdings(devices, holding_rows(typed)).items():
+    for dev_id, found in held.items():
         h = holder_at(found, now)
         if h is not None:
             current[dev_id] = h.reservation  # type: ignore[assignment]
         nxt = next((x.reservation for x in found if x.reservation.start_at > now), None)
         if nxt is not None:
             upcoming[dev_id] = nxt  # type: ignore[assignment]
-    edges = [t for r in typed for t in (r[5], r[6]) if t > now]
-    return LabHolds(current=current, upcoming=upcoming, valid_until=min(edges, default=FOREVER))
+    return LabHolds(current=current, upcoming=upcoming, valid_until=valid_until)
 
 
-__all__ = ["DeviceRef", "FOREVER", "HoldsCache", "LabHolds"]
+__all__ = ["DeviceRef", "FOREVER", "HoldsCache", "LabHolds", "now_and_next"]

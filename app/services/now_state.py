@@ -30,8 +30,8 @@ from sqlalchemy.orm import Session
 
 from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, User
 from app.models.states import LIVE_FINDING_STATES
-from app.services.conflicts import holder_at
 from app.services.devices import CLOCK_TROUBLE_SHOWN, device_status, host_state, owner_label, process_occupies, slice_label
+from app.services.lab_holds import FOREVER, LabHolds, now_and_next
 from app.services.plain_holdings import CHUNK, HeldBy, plain_holdings
 from app.services.quarantined import QuarantineNow, open_plain, quarantine_of
 
@@ -240,24 +240,31 @@ def _pid(p: tuple) -> Any:
 
 
 def device_rows(session: Session, *, devices: list[DeviceNow], host_status: dict[int, str], host_of: dict[int, int],
-                now: datetime) -> list[DeviceRowNow]:
+                now: datetime, holds: LabHolds | None = None) -> list[DeviceRowNow]:
     """``devices`` at ``now`` (UTC): holders and the next reservation read now (the holder rule),
     the open quarantines read now, and the status (:func:`~app.services.devices.device_status`); ``host_status``: host id ->
-    status, ``host_of``: device id -> host id."""
-    held = plain_holdings(session, devices=[d.device for d in devices], start=now, end=datetime.max.replace(tzinfo=UTC))
+    status, ``host_of``: device id -> host id. ``holds``: the whole lab's holders at ``now``
+    as :class:`~app.services.lab_holds.HoldsCache` read them on this request (``None``: read
+    for ``devices`` alone)."""
+    if holds is None:
+        holds = _holds_of(session, devices, now)
     quarantines = open_plain(session, {i for d in devices for i in (d.device.id, d.device.parent_id)})
     out = []
     for d in devices:
-        found = held.get(d.device.id)
-        current = holder_at(found, now) if found else None
-        upcoming = next((h.reservation for h in found if h.reservation.start_at > now), None) if found else None
+        current = holds.current.get(d.device.id)
+        upcoming = holds.upcoming.get(d.device.id)
         t = d.telemetry
         status = device_status(
             retired=False, lost=t is not None and t.health == "lost", host_state=host_status[host_of[d.device.id]],
             has_finding=bool(d.finding_pids), computing=d.computing, held=current is not None,
             process_data=(t.process_data if t is not None else None) or "ok",
         )
-        out.append(DeviceRowNow(state=d, status=status, holder=current.reservation if current else None,  # type: ignore[arg-type]
-                                next_reservation=upcoming,  # type: ignore[arg-type]
+        out.append(DeviceRowNow(state=d, status=status, holder=current, next_reservation=upcoming,
                                 quarantine=quarantine_of(quarantines, d.device)))
     return out
+
+
+def _holds_of(session: Session, devices: list[DeviceNow], now: datetime) -> LabHolds:
+    """The holders at ``now`` and the next reservations of ``devices`` alone, read for them."""
+    held = plain_holdings(session, devices=[d.device for d in devices], start=now, end=FOREVER)
+    return now_and_next(held, now, valid_until=now)

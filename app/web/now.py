@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app import i18n
 from app.i18n import N_
-from app.api.deps import SessionDep
+from app.api.deps import SessionDep, holds_cache
 from app.config import Settings
 from app.models import utcnow
 from app.models.states import DeviceStatus, HostStatus
@@ -24,6 +24,7 @@ from app.services import devices as device_service
 from app.services import now_state
 from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
+from app.services.lab_holds import HoldsCache
 from app.services.now_state import DeviceRowNow, HostNow, NowCache
 from app.web.deps import PageViewer
 from app.web.render import page, page_locale, templates
@@ -76,6 +77,7 @@ class HostCard:
     host: HostNow
     badge: str
     devices: list[DeviceRow] = field(default_factory=list)
+    devices_html: Markup = Markup("")  # the devices' drawn <article>s, joined (one string for the template)
 
 
 def device_label(view: DeviceView, parents: dict[int, DeviceView]) -> str:
@@ -89,11 +91,12 @@ HOSTS_PER_PAGE = 25
 
 
 def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int | None = None,
-             cache: NowCache | None = None) -> tuple[list[HostCard], int]:
+             cache: NowCache | None = None, holds: HoldsCache | None = None) -> tuple[list[HostCard], int]:
     """The hosts of page ``page_no`` (``per_page`` hosts, ``None``: all) with their non-retired
     devices, telemetry, processes and holders at ``now`` (UTC); and the number of pages.
     ``cache``: devices of hosts without a new snapshot since the last view are taken from it
-    (``None``: everything read afresh)."""
+    (``None``: everything read afresh); ``holds``: the lab's holders, shared with the device
+    list and ``/metrics`` (used with ``cache``; ``None``: holders read for the page's devices)."""
     hosts = now_state.read_hosts(session, now=now)
     pages = 1 if not per_page else max(1, -(-len(hosts) // per_page))
     if cache is not None:
@@ -101,14 +104,18 @@ def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int
     if per_page:
         page_no = min(max(page_no, 1), pages)
         hosts = hosts[(page_no - 1) * per_page : page_no * per_page]
+    lab_holds = None
     if cache is not None:
-        devices = cache.devices(session, hosts, now_state.lab_key(session))
+        lab = now_state.lab_key(session)
+        devices = cache.devices(session, hosts, lab)
+        if holds is not None:
+            lab_holds = holds.read(session, now=now, lab=lab)
     else:
         devices = now_state.read_devices(session, [h.id for h in hosts])
     listed = [d for h in hosts for d in devices.get(h.id, ())]
     host_of = {d.device.id: h.id for h in hosts for d in devices.get(h.id, ())}
     rows = now_state.device_rows(session, devices=listed, host_status={h.id: h.status for h in hosts},
-                                 host_of=host_of, now=now)
+                                 host_of=host_of, now=now, holds=lab_holds)
     per_host: dict[int, list[DeviceRow]] = defaultdict(list)
     for r in rows:
         per_host[host_of[r.state.device.id]].append(DeviceRow(view=r, label=r.state.label,
@@ -162,13 +169,18 @@ def now_page(
     htmx polls the same URL for the ``hosts`` block."""
     now = utcnow()
     cards, pages = now_view(session, now=now, page_no=page_no, per_page=None if show_all else HOSTS_PER_PAGE,
-                            cache=now_cache(request))
+                            cache=now_cache(request),
+                            # every host: the lab-wide holders (computed once per change, shared with the
+                            # device list and /metrics); a page of 25 hosts reads its own devices' holders
+                            holds=holds_cache(request) if show_all else None)
     page_no = min(page_no, pages)
     settings = request.app.state.settings
     locale = page_locale(request, {"viewer": viewer})
     for card in cards:
         for row in card.devices:
             row.html = device_html(row, settings=settings, now=now, locale=locale)
+        # joined here: the template then escapes-as-safe one string per host, not one per device
+        card.devices_html = Markup("\n".join(row.html for row in card.devices))
     poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
     ctx = {"viewer": viewer, "active": "now", "cards": cards, "now": now, "refresh": REFRESH_SECONDS,
            "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url,

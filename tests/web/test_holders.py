@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from app.client import context as client_context
+from app.client import api as client_api
 from app.client.api import Api
 from app.services.conflicts import Holding, holder_at
 from tests.conftest import book, gpu, snapshot_body
@@ -95,7 +95,8 @@ def test_cli_status_whole_gpu_with_a_booked_slice_shows_the_holder(client, mig_l
     """``gpuroster status`` run in-process against the app (the TestClient's transport)."""
     from app.cli import cli
 
-    monkeypatch.setattr(client_context, "Api", lambda server, token: Api(server, token, transport=client._transport))
+    # the CLI imports its client class when a command first calls the service (--help needs no httpx)
+    monkeypatch.setattr(client_api, "Api", lambda server, token: Api(server, token, transport=client._transport))
     env = {"GPUROSTER_SERVER": "http://testserver", "GPUROSTER_TOKEN": mig_lab["bob"].token,
            "XDG_CONFIG_HOME": str(tmp_path)}
     result = CliRunner().invoke(cli, ["status"], env=env)

@@ -4,8 +4,10 @@ snapshots read no device of a host again."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.services.now_state import NowCache
-from tests.conftest import gpu, snapshot_body
+from tests.conftest import future, gpu, snapshot_body
 from tests.web.test_now import HX, _device_block
 
 
@@ -30,18 +32,25 @@ def test_views_between_snapshots_reuse_the_devices_and_a_new_snapshot_shows_at_o
     assert cache.misses == misses + 1
 
 
-def test_booking_and_release_show_on_the_next_view_without_a_snapshot(weblab):
+@pytest.mark.parametrize("url", ["/", "/?all=1"], ids=["page", "every-host"])
+def test_booking_and_release_show_on_the_next_view_without_a_snapshot(weblab, url):
+    # "/?all=1" takes the holders from the lab-wide cache shared with the device list and /metrics
     uuid = weblab.devices[1]
-    assert "free" in _device_block(weblab.alice.get("/", headers=HX).text, uuid)
+    assert "free" in _device_block(weblab.alice.get(url, headers=HX).text, uuid)
+    later = {"host": "node-01", "devices": [1], "start": future(5).isoformat(), "duration": "PT1H", "note": "next-one"}
+    r = weblab.bob.client.post("/api/v1/reservations", json=later, headers={"X-CSRF-Token": weblab.bob.csrf})
+    assert r.status_code == 201, r.text
+    assert "next-one" in _device_block(weblab.alice.get(url, headers=HX).text, uuid) or \
+        "bob" in _device_block(weblab.alice.get(url, headers=HX).text, uuid)
     body = {"host": "node-01", "devices": [1], "start": "now", "duration": "PT2H", "note": "cache-check"}
     r = weblab.alice.client.post("/api/v1/reservations", json=body, headers={"X-CSRF-Token": weblab.alice.csrf})
     assert r.status_code == 201, r.text
-    block = _device_block(weblab.bob.get("/", headers=HX).text, uuid)
+    block = _device_block(weblab.bob.get(url, headers=HX).text, uuid)
     assert "<strong>alice</strong> until" in block and "cache-check" in block
     r = weblab.alice.client.post(f"/api/v1/reservations/{r.json()['id']}/release",
                                  headers={"X-CSRF-Token": weblab.alice.csrf})
     assert r.status_code == 200, r.text
-    block = _device_block(weblab.bob.get("/", headers=HX).text, uuid)
+    block = _device_block(weblab.bob.get(url, headers=HX).text, uuid)
     assert "alice" not in block and "cache-check" not in block
 
 
