@@ -74,7 +74,7 @@ def parse(body: bytes, content_type: str | None) -> tuple[Snapshot | None, list[
 
             raise HTTPException(status_code=400, detail="There was an error parsing the body") from e
     try:
-        return Snapshot.model_validate(value), []
+        return Snapshot.model_validate(value, from_attributes=True), []  # as FastAPI validates a body field
     except ValidationError as e:
         return None, _body_errors(e)
 
