@@ -142,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                    rules.router, feeds.router, notify.router, approvals.router, boosts.router,
                    quarantines.router, waitlist.router, checkin.router):
         app.include_router(router, prefix="/api/v1")
+    agent.install(app)  # the snapshot route's request schema, which no parameter declares
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     approvals.install_expiry(app)  # pending reservations that reach their start unapproved expire
     from app.services import waitlist_serving

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
@@ -55,8 +55,15 @@ def get_host(session: Session, name: str) -> Host:
     return host
 
 
+# Built once: every agent snapshot looks its host up, and building the statement anew made
+# SQLAlchemy compute its cache key each time (more than executing it).
+_HOST_BY_TOKEN = select(Host).where(Host.token_hash == bindparam("token_hash"))
+
+
 def host_for_token(session: Session, plain: str) -> Host:
-    host = session.scalar(select(Host).where(Host.token_hash == token_hash(plain)))
+    """The host whose token is ``plain`` (read from the database on every call, so a rotated
+    or deleted token is refused at once); raises Unauthorized (401)."""
+    host = session.scalar(_HOST_BY_TOKEN, {"token_hash": token_hash(plain)})
     if host is None:
         raise Unauthorized("invalid host token")
     return host

@@ -162,7 +162,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     is_latest = host.last_collected_at is None or at >= host.last_collected_at
     host_values["last_seen_at"] = now  # the agent is alive: staleness goes by receipt
     if is_latest:
-        ingest_state.store_latest(session, host, snap, devices, at)
+        ingest_state.store_latest(session, host, snap, devices, at, stored)
         host_values.update(
             last_seq=snap.seq, last_collected_at=at, interval_seconds=snap.interval_seconds,
             agent_version=snap.agent_version, driver_version=snap.driver_version, nvml_version=snap.nvml_version,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, or_, select, union_all
+from sqlalchemy import and_, bindparam, literal_column, null, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from agent.schema import HostPolicy, ReservationEntry, SnapshotAck
@@ -57,6 +57,19 @@ _SHARE_ROWS = union_all(
 )
 _UID_ROWS = select(_u.unix_uid, _u.unix_name).where(and_(_u.unix_uid.is_not(None), _u.active.is_(True)))
 _OPEN_DEVICES = select(_d.uuid).where(_d.host_id == bindparam("host_id"), _d.is_open.is_(True))
+# What every ack reads, in one statement (two round trips less per snapshot): the table rows
+# (kind 0, in _TABLE_ROWS' order), the host's open devices (kind 1: uuid) and the uid table
+# (kind 2: unix_name, unix_uid), each branch padded with NULLs to _TABLE_ROWS' columns.
+_N = null()
+_ACK_ROWS = union_all(
+    _TABLE_ROWS.order_by(None).add_columns(_d.index.label("ord"), literal_column("0").label("kind")),
+    select(_N, _N, _N, _N, _N, _d.uuid, _N, _N, literal_column("1"))
+    .where(_d.host_id == bindparam("host_id"), _d.is_open.is_(True)),
+    select(_N, _N, _N, _N, _u.unix_name, _N, _u.unix_uid, _N, literal_column("2"))
+    .where(and_(_u.unix_uid.is_not(None), _u.active.is_(True))),
+)
+# by position (kind, start_at, id, ord): SQLite matches a compound's ORDER BY names only to aliases
+_ACK_ROWS = _ACK_ROWS.order_by(*(literal_column(str(n)) for n in (9, 2, 1, 8)))
 
 _lock = threading.Lock()
 _tables: dict[int, tuple[tuple, list[ReservationEntry]]] = {}
@@ -95,12 +108,17 @@ def host_policy(host: Host) -> HostPolicy:
     return policy
 
 
-def reservation_table(session: Session, *, host: Host, now: datetime) -> list[ReservationEntry]:
+def _window(host: Host, now: datetime) -> dict[str, object]:
+    return {"host_id": host.id, "after": now - TABLE_BEHIND, "before": now + TABLE_AHEAD, "now": now}
+
+
+def reservation_table(session: Session, *, host: Host, now: datetime, rows: tuple | None = None) -> list[ReservationEntry]:
     """Active, upcoming (48 h) and recently ended (6 h) reservations of ``host`` for the agent:
-    one query for reservations and their devices, one for shares (resolved to Unix names and
-    uids, groups expanded) when there are reservations."""
-    rows = tuple(session.execute(_TABLE_ROWS, {"host_id": host.id, "after": now - TABLE_BEHIND,
-                                               "before": now + TABLE_AHEAD, "now": now}).tuples())
+    one query for reservations and their devices (unless ``rows``, that query's answer, is
+    given), one for shares (resolved to Unix names and uids, groups expanded) when there
+    are reservations."""
+    if rows is None:
+        rows = tuple(session.execute(_TABLE_ROWS, _window(host, now)).tuples())
     if not rows:
         return []
     ids = sorted({r[0] for r in rows})
@@ -130,10 +148,12 @@ def reservation_table(session: Session, *, host: Host, now: datetime) -> list[Re
     return table
 
 
-def uid_table(session: Session) -> dict[int, str]:
+def uid_table(session: Session, rows: tuple | None = None) -> dict[int, str]:
     """Unix uid -> unix_name of every active user with a uid: the agent judges a process whose
-    uid has no passwd entry on the host (directory users) by this table."""
-    rows = tuple(session.execute(_UID_ROWS).tuples())
+    uid has no passwd entry on the host (directory users) by this table. ``rows``: the
+    ``(unix_uid, unix_name)`` rows when already read."""
+    if rows is None:
+        rows = tuple(session.execute(_UID_ROWS).tuples())
     with _lock:
         hit = _uids[0] if _uids else None
     if hit is not None and hit[0] == rows:
@@ -149,7 +169,17 @@ def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settin
     """The answer to snapshot ``seq`` of ``host`` at ``now`` (UTC): accepted, whether it was a
     duplicate (``conflict`` says why a reused seq was another snapshot), server time, policy,
     reservation table, open devices, uid table and the booking page's address."""
-    open_devices = list(session.scalars(_OPEN_DEVICES, {"host_id": host.id}))
+    table: list[tuple] = []
+    open_devices: list[str] = []
+    uids: list[tuple] = []
+    for row in session.execute(_ACK_ROWS, _window(host, now)).tuples():
+        kind = row[8]
+        if kind == 0:
+            table.append(row[:7])
+        elif kind == 1:
+            open_devices.append(row[5])
+        else:
+            uids.append((row[6], row[4]))
     return SnapshotAck.model_construct(
         accepted=True,
         duplicate=duplicate,
@@ -157,8 +187,8 @@ def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settin
         seq=seq,
         server_time=now,
         policy=host_policy(host),
-        reservations=reservation_table(session, host=host, now=now),
+        reservations=reservation_table(session, host=host, now=now, rows=tuple(table)),
         open_devices=open_devices,
-        unix_uids=uid_table(session),
+        unix_uids=uid_table(session, tuple(uids)),
         booking_url=settings.base_url.rstrip("/") + "/book",
     )

@@ -47,15 +47,18 @@ _tel = DeviceTelemetry.__table__
 _proc = DeviceProcess.__table__
 _host = Host.__table__
 
-_SELECT_DEVICES = select(_dev.c.uuid, _dev.c.id, _dev.c.host_id, _dev.c.parent_id,
-                         *(_dev.c[f] for f in DEVICE_FIELDS)).where(_dev.c.uuid.in_(bindparam("uuids", expanding=True)))
+# The devices with their latest telemetry in one statement (a round trip less per snapshot):
+# telemetry columns follow the device's, NULL where the device has no telemetry row yet.
+_SELECT_DEVICES = (select(_dev.c.uuid, _dev.c.id, _dev.c.host_id, _dev.c.parent_id, *(_dev.c[f] for f in DEVICE_FIELDS),
+                          _tel.c.device_id, *(_tel.c[f] for f in TELEMETRY_FIELDS))
+                   .select_from(_dev.outerjoin(_tel, _tel.c.device_id == _dev.c.id))
+                   .where(_dev.c.uuid.in_(bindparam("uuids", expanding=True))))
+_TEL_AT = 4 + len(DEVICE_FIELDS)  # index of telemetry's device_id in a _SELECT_DEVICES row
 _INSERT_DEVICE = insert(_dev).returning(_dev.c.id)
 _UPDATE_DEVICE = (update(_dev).where(_dev.c.id == bindparam("_id"))
                   .values({f: bindparam(f) for f in (*DEVICE_FIELDS, "parent_id", "last_seen_at")}))
 _TOUCH_DEVICES = (update(_dev).where(_dev.c.id.in_(bindparam("ids", expanding=True)))
                   .values(last_seen_at=bindparam("at")))
-_SELECT_TELEMETRY = select(_tel.c.device_id, *(_tel.c[f] for f in TELEMETRY_FIELDS)).where(
-    _tel.c.device_id.in_(bindparam("ids", expanding=True)))
 _INSERT_TELEMETRY = insert(_tel)
 _UPDATE_TELEMETRY = (update(_tel).where(_tel.c.device_id == bindparam("_id"))
                      .values({f: bindparam(f) for f in (*TELEMETRY_FIELDS, "collected_at")}))
@@ -78,7 +81,8 @@ class DeviceRef:
 
 
 def load_devices(session: Session, uuids: Iterable[str]) -> list[tuple]:
-    """Rows ``(uuid, id, host_id, parent_id, *DEVICE_FIELDS)`` of the stored devices among ``uuids``."""
+    """Rows ``(uuid, id, host_id, parent_id, *DEVICE_FIELDS, telemetry device_id, *TELEMETRY_FIELDS)``
+    of the stored devices among ``uuids`` (telemetry ``None`` where none is stored)."""
     wanted = sorted(set(uuids))
     if not wanted:
         return []
@@ -120,12 +124,14 @@ def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tu
     return {rep.uuid: refs[rep.uuid] for rep in snap.devices}
 
 
-def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, DeviceRef], at: datetime) -> None:
+def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, DeviceRef], at: datetime,
+                 stored: list[tuple]) -> None:
     """Latest telemetry (one row per device) and process list of ``host`` as of ``at`` (UTC):
-    rows whose values changed are rewritten, the rest only get the new collection time."""
+    rows whose values changed are rewritten, the rest only get the new collection time.
+    ``stored`` is :func:`load_devices`' answer (it carries the stored telemetry)."""
     ids = [devices[d.uuid].id for d in snap.devices]
     if ids:
-        current = {r[0]: r[1:] for r in session.execute(_SELECT_TELEMETRY, {"ids": ids})}
+        current = {r[1]: tuple(r[_TEL_AT + 1:]) for r in stored if r[_TEL_AT] is not None}
         new_rows, changed, touch = [], [], []
         for rep in snap.devices:
             dev_id = devices[rep.uuid].id
