@@ -20,6 +20,7 @@ inject terminal escapes.
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import os
 import re
@@ -226,9 +227,40 @@ def _tty_path(name: str | None) -> str | None:
     return path if _TTY_PATH.match(path) else None
 
 
+def terminal_map() -> dict[int, str]:
+    """Device number (``st_rdev``) -> path of every terminal that exists now
+    (``/dev/pts/N``, ``/dev/ttyN``), read afresh on each call.
+
+    psutil's ``Process.terminal()`` resolves through a map it builds once per process
+    (``get_terminal_map`` in ``psutil._psposix`` is memoised), so in a long-running agent
+    every pseudo-terminal opened after the first lookup (a new ssh session, tmux pane or
+    container console) would resolve to nothing and its user would never see a notice.
+    """
+    out: dict[int, str] = {}
+    for path in glob.glob("/dev/pts/[0-9]*") + glob.glob("/dev/tty[0-9]*"):
+        try:
+            out[os.stat(path).st_rdev] = path
+        except OSError:
+            continue
+    return out
+
+
+def controlling_tty(pid: int) -> int:
+    """The device number of ``pid``'s controlling terminal (``tty_nr``, field 7 of
+    ``/proc/PID/stat``, counted after the command name's closing parenthesis); 0 for none
+    or when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[4])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def discover_terminals(unix_user: str, pids: Iterable[int] = ()) -> set[str]:
     """Terminal device paths of ``unix_user``: utmp sessions and the controlling terminals
-    of the user's processes and of ``pids``. Never raises for vanished processes."""
+    of the user's processes and of ``pids`` (resolved against :func:`terminal_map`, read
+    now). Never raises for vanished processes."""
     found: set[str] = set()
     try:
         for u in psutil.users():
@@ -237,14 +269,18 @@ def discover_terminals(unix_user: str, pids: Iterable[int] = ()) -> set[str]:
     except (OSError, psutil.Error) as e:
         log.debug("psutil.users() failed: %s", e)
     wanted = set(pids)
-    for proc in psutil.process_iter(["username", "terminal"]):
+    ttys: dict[int, str] | None = None
+    for proc in psutil.process_iter(["username"]):
         try:
             info = proc.info
         except psutil.Error:
             continue
         if info.get("username") == unix_user or proc.pid in wanted:
-            if path := _tty_path(info.get("terminal")):
-                found.add(path)
+            tty = controlling_tty(proc.pid)
+            if tty:
+                ttys = terminal_map() if ttys is None else ttys
+                if path := _tty_path(ttys.get(tty)):
+                    found.add(path)
     return found
 
 

@@ -1,7 +1,8 @@
 """Ingest throughput and latency: simulated agents of 1,000 hosts x 8 GPUs posting snapshots.
 
-For each database (PostgreSQL: two ``gpuroster serve`` processes on one database, the load
-spread over both; SQLite: one ``gpuroster serve``):
+For each database (PostgreSQL: ``--pg-processes`` ``gpuroster serve`` processes on one
+database, default two, the load spread over them, and with ``--pg-processes 1,2`` the
+saturation ratio of two to one; SQLite: one ``gpuroster serve``):
 
 1. a fresh, migrated database with ``--hosts`` registered hosts;
 2. *first contact*: one snapshot per host (devices are created), closed loop;
@@ -555,9 +556,8 @@ def profile_ingest(url: str, fleet: Fleet, snapshots: int) -> list[str]:
 # ---------------------------------------------------------------------------- the run
 
 
-def run_db(kind: str, args: argparse.Namespace) -> list[str]:
-    out = [f"== {kind}: {args.hosts} hosts x {args.gpus} GPUs, "
-           + ("two serve processes on one database" if kind == "postgresql" else "one serve process")]
+def run_db(kind: str, args: argparse.Namespace, processes: int) -> list[str]:
+    out = [f"== {kind}: {args.hosts} hosts x {args.gpus} GPUs, {processes} serve process(es) on one database"]
     workdir = Path(tempfile.mkdtemp(prefix=f"gpuroster-bench-{kind}-"))
     pg_name = None
     if kind == "postgresql":
@@ -568,7 +568,7 @@ def run_db(kind: str, args: argparse.Namespace) -> list[str]:
         t = time.perf_counter()
         fleet = register_fleet(url, args.hosts, args.gpus)
         out.append(f"  set-up: migrated, {args.hosts} hosts registered in {time.perf_counter() - t:.1f} s")
-        with servers(url, 2 if kind == "postgresql" else 1, workdir) as (ports, pids), RssSampler(pids) as rss:
+        with servers(url, processes, workdir) as (ports, pids), RssSampler(pids) as rss:
             first = asyncio.run(closed_loop(fleet, ports, args.connections, seconds=None, count=args.hosts, name="first contact"))
             out.append(first.line())
             cpu = CpuMeter(pids, url if kind == "postgresql" else None)
@@ -597,6 +597,7 @@ def run_db(kind: str, args: argparse.Namespace) -> list[str]:
         out.append("  against the targets: " + "; ".join(verdict))
         if args.profile:
             out.extend(profile_ingest(url, fleet, args.profile))
+        args.saturation[(kind, processes)] = sat.rate
         return out
     finally:
         if pg_name:
@@ -613,14 +614,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=20.0, help="seconds of the sustained open-loop phase")
     p.add_argument("--rate", type=float, default=TARGET_RATE, help="sustained snapshots per second to offer")
     p.add_argument("--profile", type=int, default=300, help="snapshots ingested in-process with statement timing (0: skip)")
+    p.add_argument("--pg-processes", default="2", help="comma-separated serve process counts for PostgreSQL, e.g. 1,2 "
+                   "(the scale-out ratio is printed); SQLite always runs one (several fight over its write lock)")
     args = p.parse_args(argv)
+    args.saturation = {}
     print(f"gpuroster ingest benchmark on {os.cpu_count()} CPU(s); targets: {TARGET_RATE:.0f} snapshots/s, "
           f"p99 <= {TARGET_P99_MS:.0f} ms, server RSS <= {TARGET_RSS_MIB:.0f} MiB", flush=True)
     for kind in [k.strip() for k in args.db.split(",") if k.strip()]:
         if kind not in ("postgresql", "sqlite"):
             p.error(f"--db: unknown database {kind!r}")
-        for line in run_db(kind, args):
-            print(line, flush=True)
+        for processes in ([int(n) for n in args.pg_processes.split(",")] if kind == "postgresql" else [1]):
+            for line in run_db(kind, args, processes):
+                print(line, flush=True)
+    pg = sorted((n, rate) for (kind, n), rate in args.saturation.items() if kind == "postgresql")
+    if len(pg) > 1:
+        base_n, base = pg[0]
+        print("scale-out on one PostgreSQL: " + "; ".join(
+            f"{n} processes {rate:.0f}/s = {rate / base:.2f}x of {base_n}" for n, rate in pg), flush=True)
     return 0
 
 

@@ -220,6 +220,10 @@ def make_host(session_factory):
     return _make
 
 
+# seconds between snapshots announced by fixture hosts (a host is stale after about 3 of them)
+FRESH_FOR = 600.0
+
+
 def snapshot_body(host: str, seq: int, devices: list[dict], processes: list[dict] | None = None,
                   collected_at: datetime | None = None, **extra) -> dict:
     """A Snapshot JSON body for ``POST /api/v1/agent/snapshots``."""
@@ -241,7 +245,10 @@ def lab(client, make_user, make_host):
     bob = make_user("bob")
     host = make_host("node-01")
     devices = [gpu(f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}", i) for i in range(4)]
-    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 1, devices), headers=host.headers)
+    # a long interval: the host stays fresh however long a test runs on a loaded machine
+    # (tests of staleness post their own snapshots or move last_seen_at)
+    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 1, devices, interval_seconds=FRESH_FOR),
+                    headers=host.headers)
     assert r.status_code == 200, r.text
     return Lab(admin=admin, alice=alice, bob=bob, host=host, devices=[d["uuid"] for d in devices])
 

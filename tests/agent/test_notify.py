@@ -10,6 +10,7 @@ import termios
 import time
 from datetime import UTC, datetime, timedelta
 
+import psutil
 import pytest
 
 from agent.notify import (
@@ -206,6 +207,28 @@ def test_discovery_finds_controlling_terminal_of_user_processes(pty) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a child as nobody")
+def test_discovery_finds_a_terminal_opened_after_the_first_lookup() -> None:
+    # psutil memoises its terminal map on the first Process.terminal() of the process: a
+    # long-running agent must still find the pty of a session that started after that
+    psutil.Process(os.getpid()).terminal()
+    master, slave = os.openpty()
+    path = os.ttyname(slave)
+    child = subprocess.Popen(["sleep", "60"], stdin=slave, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd="/", start_new_session=True, user=65534, group=65534, extra_groups=[],
+                             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    try:
+        deadline = time.monotonic() + 5
+        while path not in discover_terminals("nobody") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert path in discover_terminals("someone-else", pids=[child.pid])
+    finally:
+        child.kill()
+        child.wait()
+        os.close(master)
+        os.close(slave)
 
 
 def test_terminal_notifier_counts_delivered_and_reports_skips(pty) -> None:

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import book, future, gpu, snapshot_body
+from tests.conftest import FRESH_FOR, book, future, gpu, snapshot_body
 
 
 def _uncached_list(session_factory) -> list[dict]:
@@ -76,13 +76,13 @@ def test_every_change_shows_on_the_next_request_of_both_apps(app, client, replic
 
     devices = [gpu(u, i, memory_used_mib=2048.0 if i == 2 else 0.0) for i, u in enumerate(lab.devices)]
     procs = [{"device_uuid": d2, "pid": 4242, "unix_user": "bob", "uid": 1002, "used_memory_mib": 2000.0, "name": "python"}]
-    r = client.post("/api/v1/agent/snapshots", headers=lab.host.headers, json=snapshot_body("node-01", 2, devices, procs))
+    r = client.post("/api/v1/agent/snapshots", headers=lab.host.headers, json=snapshot_body("node-01", 2, devices, procs, interval_seconds=FRESH_FOR))
     assert r.status_code == 200, r.text
     seen = _check(app, client, replica, lab, session_factory)
     assert seen[d2]["telemetry"]["memory_used_mib"] == 2048.0 and [p["pid"] for p in seen[d2]["processes"]] == [4242]
 
     devices[1]["health_checks"] = [{"kind": "xid", "state": "bad", "value": 79}]
-    r = client.post("/api/v1/agent/snapshots", headers=lab.host.headers, json=snapshot_body("node-01", 3, devices, procs))
+    r = client.post("/api/v1/agent/snapshots", headers=lab.host.headers, json=snapshot_body("node-01", 3, devices, procs, interval_seconds=FRESH_FOR))
     assert r.status_code == 200, r.text
     assert _check(app, client, replica, lab, session_factory)[d1]["quarantine"] is not None
     r = client.post(f"/api/v1/devices/{d1}/clear-quarantine", json={"note": "reset"}, headers=lab.admin.headers)
@@ -94,7 +94,7 @@ def test_every_change_shows_on_the_next_request_of_both_apps(app, client, replic
 
     other = make_host("node-02")
     r = client.post("/api/v1/agent/snapshots", headers=other.headers,
-                    json=snapshot_body("node-02", 1, [gpu("GPU-77777777-0000-0000-0000-000000000002", 0)]))
+                    json=snapshot_body("node-02", 1, [gpu("GPU-77777777-0000-0000-0000-000000000002", 0)], interval_seconds=FRESH_FOR))
     assert r.status_code == 200, r.text
     assert client.post(f"/api/v1/devices/{d0}/move", json={"host": "node-02"}, headers=lab.admin.headers).status_code == 200
     seen = _check(app, client, replica, lab, session_factory)

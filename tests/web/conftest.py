@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from tests.conftest import gpu, snapshot_body
+from tests.conftest import FRESH_FOR, gpu, snapshot_body
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 PASSWORD = "correct horse battery"
@@ -83,7 +83,8 @@ def weblab(client, make_user, make_host, browser_for) -> WebLab:
         make_user(name, admin=admin, password=PASSWORD, email=f"{name}@lab.example")
     host = make_host("node-01")
     devices = [gpu(f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-00000000000{i}", i) for i in range(4)]
-    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 1, devices), headers=host.headers)
+    r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 1, devices, interval_seconds=FRESH_FOR),
+                    headers=host.headers)  # fresh however long the test runs (tests.conftest.FRESH_FOR)
     assert r.status_code == 200, r.text
     return WebLab(
         admin=browser_for("boss"), alice=browser_for("alice"), bob=browser_for("bob"), host_token=host.token,

@@ -6,6 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from app.db import run_in_transaction
 from tests.conftest import IN_CI
 from tests.web.conftest import csrf_of
 from testkit.live import free_port
@@ -204,10 +205,11 @@ def test_directory_down_is_a_clear_503_and_local_admin_still_signs_in(settings, 
 
     down = ldap_settings(settings, f"ldap://127.0.0.1:{free_port()}").model_copy(update={"ldap_timeout_seconds": 2})
     with TestClient(create_app(down)) as c:
-        with c.app.state.session_factory() as s, s.begin():
-            from app.services import users as user_service
+        from app.services import users as user_service
 
-            user_service.create_user(s, username="root-admin", password="local-password", admin=True)
+        # a writer's transaction (BEGIN IMMEDIATE, retried): the apps' periodic sweeps write too
+        run_in_transaction(c.app.state.session_factory,
+                           lambda s: user_service.create_user(s, username="root-admin", password="local-password", admin=True))
         r = post_login(c, "lina", "lina-password")
         assert r.status_code == 503
         assert "Directory unavailable" in r.text and "unreachable" in r.text and "local accounts" in r.text
@@ -217,8 +219,8 @@ def test_directory_down_is_a_clear_503_and_local_admin_still_signs_in(settings, 
 def test_local_account_with_the_same_name_is_not_taken_over(ldap_client):
     from app.services import users as user_service
 
-    with ldap_client.app.state.session_factory() as s, s.begin():
-        user_service.create_user(s, username="lina", password="local-password-1")
+    run_in_transaction(ldap_client.app.state.session_factory,
+                       lambda s: user_service.create_user(s, username="lina", password="local-password-1"))
     assert post_login(ldap_client, "lina", "lina-password").status_code == 401
     assert post_login(ldap_client, "lina", "local-password-1").status_code == 303
 
@@ -227,8 +229,8 @@ def test_api_tokens_keep_working_for_directory_accounts(ldap_client):
     from app.services import users as user_service
 
     assert post_login(ldap_client, "lina", "lina-password").status_code == 303
-    with ldap_client.app.state.session_factory() as s, s.begin():
-        plain = user_service.create_api_token(s, user=user_service.get_user(s, "lina"))[1]
+    plain = run_in_transaction(ldap_client.app.state.session_factory,
+                               lambda s: user_service.create_api_token(s, user=user_service.get_user(s, "lina"))[1])
     r = TestClient(ldap_client.app).get("/api/v1/me", headers={"Authorization": f"Bearer {plain}"})
     assert r.status_code == 200 and r.json()["username"] == "lina"
 
