@@ -18,6 +18,7 @@ from agent import memtrim
 from agent.containers import ContainerDirectory
 from agent.main import Agent
 from tests.agent.conftest import nvml_builder
+from tests.agent.test_loop import SimClock
 from testkit.fake_nvml import busy_host
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,21 +53,10 @@ def test_a_start_and_poll_of_the_agent_load_no_cli_or_service_packages(tmp_path)
     assert {m for m in modules if m.split(".")[0] in NOT_IN_THE_AGENT or m in NOT_IN_THE_AGENT} == set()
 
 
-class _SimClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += max(0.0, seconds)
-
-
 def test_the_loop_trims_the_heap_after_the_first_poll_and_every_trim_every_polls(tmp_path, monkeypatch):
     trimmed_at: list[int] = []
     monkeypatch.setattr(agent_main, "trim", lambda: trimmed_at.append(agent.seq.next()) or True)
-    clock = _SimClock()
+    clock = SimClock()
     agent = Agent(nvml_builder(busy_host(1)), None, state_dir=tmp_path, clock=clock, sleep=clock.sleep)
     agent.run(max_ticks=2 * memtrim.TRIM_EVERY + 1)
     # seq numbers drawn inside trim: one more than the polls before it

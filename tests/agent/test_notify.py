@@ -191,12 +191,17 @@ def test_write_terminal_never_blocks_on_a_full_terminal(pty) -> None:
     assert "would block" in detail
 
 
+def _nobody_with_terminal(slave: int) -> subprocess.Popen:
+    """``sleep 60`` as nobody in a session of its own, the pty ``slave`` its controlling terminal."""
+    return subprocess.Popen(["sleep", "60"], stdin=slave, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd="/", start_new_session=True, user=65534, group=65534, extra_groups=[],
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a child as nobody")
 def test_discovery_finds_controlling_terminal_of_user_processes(pty) -> None:
     master, slave, path = pty
-    child = subprocess.Popen(["sleep", "60"], stdin=slave, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             cwd="/", start_new_session=True, user=65534, group=65534, extra_groups=[],
-                             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    child = _nobody_with_terminal(slave)
     try:
         deadline = time.monotonic() + 5
         while path not in discover_terminals("nobody") and time.monotonic() < deadline:
@@ -216,9 +221,7 @@ def test_discovery_finds_a_terminal_opened_after_the_first_lookup() -> None:
     psutil.Process(os.getpid()).terminal()
     master, slave = os.openpty()
     path = os.ttyname(slave)
-    child = subprocess.Popen(["sleep", "60"], stdin=slave, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             cwd="/", start_new_session=True, user=65534, group=65534, extra_groups=[],
-                             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    child = _nobody_with_terminal(slave)
     try:
         deadline = time.monotonic() + 5
         while path not in discover_terminals("nobody") and time.monotonic() < deadline:
