@@ -238,6 +238,16 @@ def format_when(dt: datetime, tz: tzinfo, *, now: datetime | None = None, full: 
     return format_local(dt, tz, style)
 
 
+def when_text(dt: datetime, tz: tzinfo, *, now: datetime | None = None) -> str:
+    """:func:`format_when` for text read by people (pages, notices, translated messages):
+    "open-ended", translated, for an instant past the zone's range (an open-ended hold ends
+    at the end of year 9999 UTC)."""
+    try:
+        return format_when(dt, tz, now=now)
+    except OverflowError:
+        return gettext("open-ended")
+
+
 def format_number(value: float, digits: int = 0) -> str:
     """``value`` with ``digits`` decimals and the current locale's separators (``1,234.5``)."""
     from babel.numbers import format_decimal

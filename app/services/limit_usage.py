@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from app.models import User
 from app.services import boosts as boost_service
 from app.services.calendar_quotas import CALENDAR_LIMITS, CalendarWindow, window_of
-from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, quota_window
+from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, owner_rows, quota_window
 from app.services.rules import LIST_LIMITS, resolve_limits
-from app.i18n import N_, current_locale, format_day, format_local, gettext
+from app.i18n import N_, current_locale, format_day, format_local, gettext, when_text
 from app.timeutil import fmt_duration
 
 
@@ -73,7 +73,7 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
     items: list[UsageItem] = []
     lim = limits["max_devices"]
     items.append(UsageItem("max_devices", lim.value, held, left(lim.value, held), "devices", lim.scope,
-                           gettext("%(n)s device(s) held now, the first until %(end)s", n=held, end=fmt_local(until, tz, now))
+                           gettext("%(n)s device(s) held now, the first until %(end)s", n=held, end=when_text(until, tz, now=now))
                            if until else gettext("%(n)s device(s) held now", n=held)))
     lim = limits["max_concurrent_reservations"]
     items.append(UsageItem("max_concurrent_reservations", lim.value, res_now, left(lim.value, res_now), "reservations",
@@ -106,7 +106,7 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
         lim = limits[item.rule]
         if lim.boost_id is not None:
             item.boosted_from, item.boost_until = lim.base, lim.boost_until
-            item.detail += gettext("; raised by boost %(id)s until %(end)s", id=lim.boost_id, end=fmt_local(lim.boost_until, tz, now))
+            item.detail += gettext("; raised by boost %(id)s until %(end)s", id=lim.boost_id, end=when_text(lim.boost_until, tz, now=now))
     return {
         "boosts": boost_service.of_user(session, user=user, now=now),
         "user": user.username,

@@ -45,10 +45,7 @@ def _tz(ctx: Mapping[str, Any]):
 
 
 def _local(dt: datetime, tz, now: datetime | None) -> str:
-    try:
-        return i18n.format_when(dt, tz, now=now)
-    except OverflowError:  # an open-ended hold ends at the end of year 9999 UTC, past the zone's range
-        return _("open-ended")
+    return i18n.when_text(dt, tz, now=now)
 
 
 @pass_context

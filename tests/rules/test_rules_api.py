@@ -226,7 +226,11 @@ def test_usage_shows_each_limit_used_and_left(client, lab):
     u = {i["rule"]: i for i in doc["limits"]}
     assert (u["max_devices"]["used"], u["max_devices"]["left"]) == (2, 2)
     assert (u["max_concurrent_reservations"]["used"], u["max_concurrent_reservations"]["left"]) == (1, 2)
-    assert abs(u["max_gpu_hours_7d"]["used"] - 4) < 0.05 and abs(u["max_gpu_hours_7d"]["left"] - 16) < 0.05
+    # the window is the 7 calendar days ending tonight (lab zone): a booking past midnight counts up to it
+    in_window = min(2.0, (datetime.fromisoformat(doc["window"]["end"]) - datetime.fromisoformat(r.json()["start"]))
+                    .total_seconds() / 3600)
+    used = 2 * in_window
+    assert abs(u["max_gpu_hours_7d"]["used"] - used) < 0.05 and abs(u["max_gpu_hours_7d"]["left"] - (20 - used)) < 0.05
     assert u["max_duration_seconds"]["limit"] == 8 * 3600 and u["max_duration_seconds"]["used"] is None
     assert u["allowed_hosts"]["limit"] is None and u["allowed_hosts"]["detail"] == "any"
     window = doc["window"]
