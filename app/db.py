@@ -130,6 +130,22 @@ def lock_for_write(session: Session) -> None:
     session.connection(execution_options={WRITE_OPTION: True})
 
 
+@contextmanager
+def transaction(factory: sessionmaker[Session], *, write: bool) -> Iterator[Session]:
+    """A session in its own transaction, committed when the block ends and rolled back if it
+    raises; ``write`` begins it as a writer (:func:`lock_for_write`). No retries: the block
+    runs once (see :func:`run_in_transaction` for work that may be retried)."""
+    with factory() as session:
+        try:
+            if write:
+                lock_for_write(session)
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
 def advisory_xact_lock(session: Session, key: int) -> None:
     """Take a transaction-scoped PostgreSQL advisory lock (no-op on SQLite, already serialised)."""
     if not is_sqlite(session):

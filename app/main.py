@@ -132,6 +132,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/openapi.json",
     )
     app.state.settings = settings
+    # Per-process caches of the lab's current state, each keyed on what every request reads of
+    # the database (so replicas agree); the holders are computed once for all three readers.
+    from app.services.device_list_cache import DeviceListCache
+    from app.services.lab_holds import HoldsCache
+    from app.services.metrics_cache import MetricsCache
+    from app.services.now_state import NowCache
+
+    app.state.holds_cache = HoldsCache()
+    app.state.now_cache = NowCache()
+    app.state.device_list_cache = DeviceListCache(app.state.holds_cache)
+    app.state.metrics_cache = MetricsCache(app.state.holds_cache)
     install_error_handlers(app)
     from app.api import idempotency
 

@@ -18,11 +18,8 @@ from starlette.concurrency import run_in_threadpool
 
 from agent.schema import Snapshot, SnapshotAck
 from app.api import snapshot_body
-from app.api.deps import bearer_token
-from app.db import lock_for_write, write_gate_for
-from app.errors import Forbidden, Unauthorized
-from app.security import HOST_TOKEN_PREFIX
-from app.services import hosts as host_service
+from app.api.deps import current_host
+from app.db import transaction, write_gate_for
 from app.services import ingest
 
 router = APIRouter(prefix="/agent", tags=["agent"])
@@ -32,23 +29,13 @@ def _ingest(request: Request, snapshot: Snapshot | None, errors: list[dict]) -> 
     """The snapshot's ack as JSON bytes, committed; raises Unauthorized/Forbidden for the
     token, RequestValidationError for ``errors`` (after authentication, as FastAPI would)."""
     app = request.app
-    with app.state.session_factory() as session:
-        try:
-            lock_for_write(session)
-            token = bearer_token(request)
-            if token is None:
-                raise Unauthorized("send 'Authorization: Bearer <host token>'")
-            if not token.startswith(HOST_TOKEN_PREFIX):
-                raise Forbidden("this endpoint takes a host token")
-            host = host_service.host_for_token(session, token)
-            if snapshot is None:
-                raise RequestValidationError(errors)
-            ack = ingest.ingest_snapshot(session, host=host, snap=snapshot, settings=app.state.settings)
-            body = ack.model_dump_json().encode()
-            session.commit()  # before the answer: a failed commit is never hidden behind a 200
-        except BaseException:
-            session.rollback()
-            raise
+    # committed when the block ends, before the answer: a failed commit is never hidden behind a 200
+    with transaction(app.state.session_factory, write=True) as session:
+        host = current_host(request, session)
+        if snapshot is None:
+            raise RequestValidationError(errors)
+        ack = ingest.ingest_snapshot(session, host=host, snap=snapshot, settings=app.state.settings)
+        body = ack.model_dump_json().encode()
     return body
 
 

@@ -14,34 +14,17 @@ from fastapi import Depends, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db import lock_for_write, write_gate_for
+from app.db import transaction, write_gate_for
 from app.errors import Forbidden, Unauthorized
 from app.models import Host, User
 from app.security import HOST_TOKEN_PREFIX
 from app.services import hosts as host_service
 from app.services import users as user_service
-from app.services.lab_holds import HoldsCache
 
 
 def _session(request: Request, write: bool) -> Iterator[Session]:
-    factory = request.app.state.session_factory
-    if not write:
-        with factory() as session:
-            try:
-                yield session
-                session.commit()
-            except BaseException:
-                session.rollback()
-                raise
-        return
-    with factory() as session:
-        try:
-            lock_for_write(session)
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+    with transaction(request.app.state.session_factory, write=write) as session:
+        yield session
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -138,7 +121,6 @@ def current_host(request: Request, session: WriteSessionDep) -> Host:
 CurrentUser = Annotated[User, Depends(current_user)]
 WriteUser = Annotated[User, Depends(current_user_write)]
 AdminUser = Annotated[User, Depends(admin_user)]
-CurrentHost = Annotated[Host, Depends(current_host)]
 
 
 # Row ids in paths: 1 .. 2^31-1 (both databases' integer range); anything else is a 422.
@@ -164,10 +146,3 @@ class PageParams:
 PageDep = Annotated[PageParams, Depends()]
 
 
-def holds_cache(request: Request) -> HoldsCache:
-    """The application's :class:`~app.services.lab_holds.HoldsCache` (one per app, per
-    process), shared by the device list and ``/metrics``."""
-    cache = getattr(request.app.state, "holds_cache", None)
-    if cache is None:
-        cache = request.app.state.holds_cache = HoldsCache()
-    return cache

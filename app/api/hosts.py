@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep, holds_cache
+from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep
 from app.models import utcnow
 from app.schemas.host import (
     DeviceConflictRead,
@@ -53,14 +53,6 @@ def update_host(name: str, data: HostUpdate, admin: AdminUser, session: WriteSes
     return device_service.get_host_read(session, name=name, now=utcnow())
 
 
-def device_list_cache(request: Request) -> DeviceListCache:
-    """The application's :class:`~app.services.device_list_cache.DeviceListCache`."""
-    cache = getattr(request.app.state, "device_list_cache", None)
-    if cache is None:
-        cache = request.app.state.device_list_cache = DeviceListCache(holds_cache(request))
-    return cache
-
-
 @router.get("/devices", response_model=list[DeviceRead])
 def list_devices(
     request: Request,
@@ -72,7 +64,7 @@ def list_devices(
     """Every device with its latest telemetry, processes, current holder and next reservation;
     paginated (``limit``, ``offset``; total in ``X-Total-Count``)."""
     # documents reused between snapshots, each request keyed on what it reads of the database
-    cache = device_list_cache(request)
+    cache: DeviceListCache = request.app.state.device_list_cache  # built by create_app
     view = cache.view(session, now=utcnow(), host=host)
     headers = {"X-Total-Count": str(len(view.docs))}
     body, packed = cache.page(view, offset=page.offset, limit=page.limit, gzip=accepts_gzip(request))

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import SessionDep, holds_cache
+from app.api.deps import SessionDep
 from app.api.metrics_auth import require_metrics_token
 from app.db import run_in_transaction
 from app.errors import ReservationConflict, problem_response
@@ -36,20 +36,12 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
 
 
-def metrics_cache(request: Request) -> MetricsCache:
-    """The application's :class:`~app.services.metrics_cache.MetricsCache` (one per app, per
-    process; the holders shared with the device list)."""
-    cache = getattr(request.app.state, "metrics_cache", None)
-    if cache is None:
-        cache = request.app.state.metrics_cache = MetricsCache(holds_cache(request))
-    return cache
-
-
 @router.get("/metrics", include_in_schema=False, response_class=Response, dependencies=[Depends(require_metrics_token)])
 def metrics(request: Request, session: SessionDep) -> Response:
     """Per-device gauges, per-host freshness and row-count counters in Prometheus text format."""
     # per-host text reused between snapshots, keyed on what each scrape reads of the database
-    return Response(metrics_cache(request).exposition(session, now=utcnow()), media_type=CONTENT_TYPE_LATEST)
+    cache: MetricsCache = request.app.state.metrics_cache  # built by create_app
+    return Response(cache.exposition(session, now=utcnow()), media_type=CONTENT_TYPE_LATEST)
 
 
 def _conflict_ids(exc: ReservationConflict) -> list[int]:

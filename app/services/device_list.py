@@ -24,12 +24,13 @@ from pydantic_core import to_json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, User
+from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, User
 from app.models.states import LIVE_FINDING_STATES
-from app.services.conflicts import HeldBy, holder_at
+from app.services.conflicts import HeldBy
 from app.services.devices import device_status, host_state, owner_label, process_occupies, slice_label
-from app.services.lab_holds import FOREVER
+from app.services.lab_holds import FOREVER, now_and_next
 from app.services.plain_holdings import CHUNK, plain_holdings
+from app.services.quarantined import open_by_device, quarantine_of
 
 _TELEMETRY = (
     "collected_at", "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w",
@@ -87,11 +88,8 @@ def live_findings(session: Session) -> dict[int, tuple[tuple[int, str], ...]]:
 def open_quarantines(session: Session) -> dict[int, dict[str, Any]]:
     """Device id -> its open health quarantine as the list shows it (``reason``, ``since``
     UTC, ``self_clearing``): the lab's, in one statement (open ones are few)."""
-    return {dev_id: {"reason": reason, "since": since, "self_clearing": self_clearing}
-            for dev_id, reason, since, self_clearing in session.execute(
-                select(DeviceQuarantine.device_id, DeviceQuarantine.reason, DeviceQuarantine.started_at,
-                       DeviceQuarantine.self_clearing)
-                .where(DeviceQuarantine.cleared_at.is_(None)).order_by(DeviceQuarantine.id))}
+    return {dev_id: {"reason": q.reason, "since": q.started_at, "self_clearing": q.self_clearing}
+            for dev_id, q in open_by_device(session).items()}
 
 
 def read_base(session: Session, hosts: list[HostRow]) -> dict[int, list[DeviceBase]]:
@@ -189,19 +187,15 @@ def device_list(session: Session, *, now: datetime, host: str | None = None) -> 
     hosts = read_hosts(session, host=host)
     base = read_base(session, hosts)
     every = [d for ds in base.values() for d in ds]
-    held = plain_holdings(session, devices=every, start=now, end=FOREVER)
+    holds = now_and_next(plain_holdings(session, devices=every, start=now, end=FOREVER), now, valid_until=now)
     listed = {d.id for d in every}
     quarantines = {k: v for k, v in open_quarantines(session).items() if k in listed}
     out = []
     for h in hosts:
         state = host_status(h, now)
         for d in base.get(h.id, ()):
-            found = held.get(d.id, [])
-            current = holder_at(found, now)
-            upcoming = next((x.reservation for x in found if x.reservation.start_at > now), None)
-            q = quarantines.get(d.id) or (quarantines.get(d.parent_id) if d.parent_id else None)
-            out.append({**d.doc, **live_part(d, state=state, holder=current.reservation if current else None,  # type: ignore[arg-type]
-                                             upcoming=upcoming, quarantine=q)})  # type: ignore[arg-type]
+            out.append({**d.doc, **live_part(d, state=state, holder=holds.current.get(d.id),
+                                             upcoming=holds.upcoming.get(d.id), quarantine=quarantine_of(quarantines, d))})
     return out
 
 

@@ -43,6 +43,7 @@ from app.services.device_list import (
 )
 from app.services.lab_holds import HoldsCache
 from app.services.now_state import lab_key
+from app.services.quarantined import quarantine_of
 
 PAGES_KEPT = 16  # (page, encoding) bodies of the current answer: a client pages through a few
 
@@ -133,8 +134,7 @@ class DeviceListCache:
 
     def _finished(self, h: HostRow, b: _Base, now: datetime, holds, quarantines: dict) -> list[bytes]:  # noqa: ANN001
         state = host_status(h, now)
-        live = [(holds.current.get(d.id), holds.upcoming.get(d.id),
-                 quarantines.get(d.id) or (quarantines.get(d.parent_id) if d.parent_id else None)) for d in b.devices]
+        live = [(holds.current.get(d.id), holds.upcoming.get(d.id), quarantine_of(quarantines, d)) for d in b.devices]
         key = (b, state, live)
         with self._lock:
             got = self._live.get(h.id)

@@ -32,7 +32,6 @@ from sqlalchemy.orm import Session
 from app.models import (
     AuditLog,
     Device,
-    DeviceQuarantine,
     DeviceProcess,
     DeviceTelemetry,
     Finding,
@@ -43,6 +42,7 @@ from app.models import (
 from app.models.states import LIVE_FINDING_STATES, HostStatus
 from app.services.conflicts import holders_at
 from app.services.devices import host_status
+from app.services.quarantined import open_by_device
 
 MIB = 1024 * 1024
 CONFLICT_ACTION = "reservation.conflict"
@@ -280,8 +280,7 @@ class DatabaseCollector:
         """Health state per device: ``gpuroster_device_quarantined`` 1/0 for the devices of up
         hosts (and 1 for a quarantined device of a host that is not up), and one
         ``gpuroster_device_health_condition`` series per condition of an open quarantine."""
-        found = {q.device_id: q for q in self.session.scalars(
-            select(DeviceQuarantine).where(DeviceQuarantine.cleared_at.is_(None)))}
+        found = open_by_device(self.session)
         gauge = TextGauge("gpuroster_device_quarantined", "1 when the device is quarantined for a health reason, else 0",
                           DEVICE_LABELS)
         cond = GaugeMetricFamily("gpuroster_device_health_condition", "1 per critical condition of a quarantined device",

@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Host
+from app.models import Device, DeviceProcess, DeviceTelemetry, Host
 from app.services.devices import host_state
 from app.services.lab_holds import HoldsCache
 from app.services.metrics import (
@@ -40,6 +40,7 @@ from app.services.metrics import (
     host_families,
 )
 from app.services.now_state import lab_key
+from app.services.quarantined import open_by_device
 
 _HOST = ("id", "name", "source", "last_seen_at", "last_seq", "last_collected_at", "interval_seconds",
          "monitoring_status", "clock_offset_s")
@@ -78,8 +79,7 @@ class MetricsCache:
               if host_state(h.last_seen_at, h.interval_seconds, h.monitoring_status, now)[0] not in NOT_UP}
         lab = lab_key(session)
         holds = self.holds.read(session, now=now, lab=lab)
-        quarantines = {q.device_id: q for q in session.scalars(
-            select(DeviceQuarantine).where(DeviceQuarantine.cleared_at.is_(None)))}
+        quarantines = open_by_device(session)
         with self._lock:
             if lab != self._lab:
                 self._lab, self._snaps, self._live = lab, {}, {}

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app import i18n
 from app.i18n import N_
-from app.api.deps import SessionDep, holds_cache
+from app.api.deps import SessionDep
 from app.config import Settings
 from app.models import utcnow
 from app.models.states import DeviceStatus, HostStatus
@@ -149,14 +149,6 @@ def device_html(row: DeviceRow, *, settings: Settings, now: datetime, locale: st
     return html
 
 
-def now_cache(request: Request) -> NowCache:
-    """The application's :class:`~app.services.now_state.NowCache` (one per app, per process)."""
-    cache = getattr(request.app.state, "now_cache", None)
-    if cache is None:
-        cache = request.app.state.now_cache = NowCache()
-    return cache
-
-
 @router.get("/")
 def now_page(
     request: Request,
@@ -169,10 +161,10 @@ def now_page(
     htmx polls the same URL for the ``hosts`` block."""
     now = utcnow()
     cards, pages = now_view(session, now=now, page_no=page_no, per_page=None if show_all else HOSTS_PER_PAGE,
-                            cache=now_cache(request),
+                            cache=request.app.state.now_cache,  # the app's caches: built by create_app
                             # every host: the lab-wide holders (computed once per change, shared with the
                             # device list and /metrics); a page of 25 hosts reads its own devices' holders
-                            holds=holds_cache(request) if show_all else None)
+                            holds=request.app.state.holds_cache if show_all else None)
     page_no = min(page_no, pages)
     settings = request.app.state.settings
     locale = page_locale(request, {"viewer": viewer})
