@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     min_reservation_seconds: int = Field(default=60, ge=1)
     # SQLite tuning
     sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+    # Connection pool of each server process (SQLAlchemy QueuePool)
+    db_pool_size: int | None = Field(
+        default=None, ge=1, description="connections kept open per process; unset: 10 on PostgreSQL, 20 on SQLite")
+    db_pool_overflow: int = Field(default=20, ge=0, description="extra connections a process may open under load")
+    db_pool_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="seconds a request waits for a free connection before it is answered 503 busy")
     # Sessions / sign-in
     session_hours: int = Field(default=12, ge=1)
     login_max_attempts: int = Field(default=5, ge=1, description="failed sign-ins per user+address per window")

@@ -27,10 +27,13 @@ T = TypeVar("T")
 WRITE_OPTION = "gpuroster_write"
 
 
-def _pool_args(kwargs: dict[str, Any], size: int) -> dict[str, Any]:
+def _pool_args(kwargs: dict[str, Any], settings: Settings, size: int) -> dict[str, Any]:
+    """Queue pool sizing from settings (``size`` when ``db_pool_size`` is unset); arguments the
+    caller passed win, and a caller's own ``poolclass`` gets none of them."""
     if "poolclass" not in kwargs:
-        kwargs.setdefault("pool_size", size)
-        kwargs.setdefault("max_overflow", 20)
+        kwargs.setdefault("pool_size", settings.db_pool_size or size)
+        kwargs.setdefault("max_overflow", settings.db_pool_overflow)
+        kwargs.setdefault("pool_timeout", settings.db_pool_timeout_seconds)
     return kwargs
 
 
@@ -51,7 +54,7 @@ def build_engine(settings: Settings, **kwargs: Any) -> Engine:
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": settings.sqlite_busy_timeout_ms / 1000},
-            **_pool_args(kwargs, 20),
+            **_pool_args(kwargs, settings, 20),
         )
         busy = int(settings.sqlite_busy_timeout_ms)
 
@@ -80,7 +83,7 @@ def build_engine(settings: Settings, **kwargs: Any) -> Engine:
         url,
         pool_pre_ping=True,
         connect_args=postgres_connect_args(pooled),
-        **_pool_args(kwargs, 10),
+        **_pool_args(kwargs, settings, 10),
     )
 
 

@@ -79,6 +79,8 @@ def install_outage_handler(app: FastAPI) -> None:
     async def handler(request: Request, exc: Exception):
         if previous is not None and isinstance(exc, OperationalError) and is_retryable(exc):
             return await previous(request, exc)
+        if isinstance(exc, PoolTimeout):
+            return await _pool_exhausted(request, exc)
         _watch(request.app, outage)
         outage.failed(exc)
         headers = {"Retry-After": retry_after}
@@ -96,6 +98,26 @@ def install_outage_handler(app: FastAPI) -> None:
 
     for exc_type in OUTAGE_ERRORS:
         app.add_exception_handler(exc_type, handler)
+
+
+async def _pool_exhausted(request: Request, exc: Exception):
+    """Every connection of this process's pool stayed in use for ``db_pool_timeout_seconds``:
+    the database is up but this process is over its load, so the answer is the same 503 busy
+    (``Retry-After: 1``) as a locked SQLite file, not an outage. Nothing was written: the
+    request never got a connection."""
+    engine = getattr(request.app.state, "engine", None)
+    pool = engine.pool.status() if engine is not None else "no engine"
+    log.warning("connection pool exhausted, answering 503 busy (%s): %s", pool, str(exc).splitlines()[0])
+    detail = "every database connection of this server is in use; retry shortly"
+    if _is_page(request):
+        from app.web import error_page
+
+        resp = await error_page(request, status=503, title="Service busy", detail=detail, lookup_viewer=False)
+        resp.headers["Retry-After"] = "1"
+        return resp
+    doc = {"type": "/problems/busy", "title": "Service busy", "status": 503, "detail": detail,
+           "instance": request.url.path}
+    return problem_response(503, doc, {"Retry-After": "1"})
 
 
 def _is_page(request: Request) -> bool:

@@ -182,7 +182,7 @@ def test_a_decision_waits_for_the_one_in_flight_and_then_gets_409(client, lab, s
 
     import pytest
 
-    from app.db import lock_for_write
+    from app.db import lock_for_write, transaction
     from app.errors import Conflict
     from app.services import boosts as boost_service
 
@@ -190,12 +190,10 @@ def test_a_decision_waits_for_the_one_in_flight_and_then_gets_409(client, lab, s
     bid = _ask(client, lab.alice, limit="max_gpu_hours_month", value=20).json()["id"]
 
     def decide(username: str, approve: bool):
-        with session_factory() as s:
-            lock_for_write(s)
+        with transaction(session_factory, write=True) as s:
             actor = s.scalar(select(User).where(User.username == username))
             boost_service.decide(s, actor=actor, boost_id=bid, approve=approve, reason=None, settings=settings,
                                  now=datetime.now(UTC))
-            s.commit()
 
     with session_factory() as first, ThreadPoolExecutor(max_workers=1) as pool:
         lock_for_write(first)

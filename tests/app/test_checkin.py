@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, update
 
 from agent.schema import Snapshot
-from app.db import run_in_transaction
+from app.db import run_in_transaction, transaction
 from app.models import AuditLog, Finding, Host, Reservation, ReservationDevice, UsageRollup
 from app.services import checkin, checkin_sweep, ingest, ingest_ack, slot_freed
 from app.services import reservations as reservation_service
@@ -228,11 +228,10 @@ def test_idle_holder_is_asked_and_keep_leaves_it_alone(client, lab, session_fact
     assert agent.sweep(asked_at).asked == [rid]
     assert "Still using it?" in _told(session_factory, "alice")[-1]
     assert _finding(session_factory, rid, "idle_holder").state == "notified"
-    with session_factory() as s:  # the holder answers keep (as the signed link or the CLI would)
+    with transaction(session_factory, write=True) as s:  # the holder answers keep (as the signed link or the CLI would)
         r = checkin.keep(s, actor="user:alice", actor_user=None, reservation_id=rid, now=asked_at + timedelta(minutes=2),
                          tz=agent.settings.tz, load=reservation_service.load_locked)
         assert r.idle_kept_at is not None
-        s.commit()
     out = agent.sweep(asked_at + timedelta(minutes=12))  # past the grace, devices still idle
     assert out.idle_released == [] and out.asked == []
     assert _res(session_factory, rid).status == "confirmed"

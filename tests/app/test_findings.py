@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from agent.schema import ActionReport, DeviceReport, FindingReport, NoticeReport, Snapshot
-from app.db import build_engine, build_session_factory, run_in_transaction
+from app.db import build_engine, build_session_factory, run_in_transaction, transaction
 from app.models import AuditLog, Device, Finding, Notice
 from app.services import findings as svc
 from app.services import hosts as host_service
@@ -162,10 +162,9 @@ def api(client, make_user, factory, hosts):
     record(factory, reps)
     record(factory, [report(key=f"{OTHER}:5:1.00:overrun", kind="overrun", device_uuid=OTHER, pid=5, unix_user="bob",
                             first_seen=T0 + timedelta(hours=1), last_seen=T0 + timedelta(hours=2))], host="node-02")
-    with factory() as s:
+    with transaction(factory, write=True) as s:
         fid = s.scalar(select(Finding.id).where(Finding.pid == 4242))
         s.add(Notice(finding_id=fid, channel="email", recipient="alice@lab.example", sent_at=T0, status="sent"))
-        s.commit()
     return alice, boss, carol
 
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select, text, update
 
+from app.db import transaction
 from app.models import IdempotencyKey, Reservation, utcnow
 from tests.conftest import future
 
@@ -70,9 +71,8 @@ def test_refused_request_stores_no_key_and_may_be_retried(client, lab, session_f
 def test_expired_key_is_pruned_and_books_again(client, lab, session_factory):
     first = _post(client, lab.alice, _body(lab))
     assert first.status_code == 201
-    with session_factory() as s:
+    with transaction(session_factory, write=True) as s:
         s.execute(update(IdempotencyKey).values(expires_at=utcnow() - timedelta(seconds=1)))
-        s.commit()
     second = _post(client, lab.alice, _body(lab, hours=40))
     assert second.status_code == 201 and second.json()["id"] != first.json()["id"]
     with session_factory() as s:

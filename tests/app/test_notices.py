@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from agent.schema import DeviceReport, FindingReport, Snapshot
-from app.db import build_engine, build_session_factory, run_in_transaction
+from app.db import build_engine, build_session_factory, run_in_transaction, transaction
 from app.models import Host, Notice
 from app.services import hosts as host_service
 from app.services import ingest
@@ -230,11 +230,10 @@ def test_replayed_capture_hosts_get_web_notices_only(factory, lab, conf, mailbox
 
 def test_orphaned_pending_notice_is_swept_by_the_next_delivery(factory, lab, conf, mailbox, hook) -> None:
     post(factory, conf, 1, [finding()])
-    with factory() as s:
+    with transaction(factory, write=True) as s:
         fid = s.scalar(select(Notice.finding_id))
         s.add(Notice(finding_id=fid, channel="email", recipient="alice@lab.example", status="pending", detail="offender",
                      sent_at=datetime.now(UTC) - timedelta(minutes=5)))  # its process died before sending
-        s.commit()
     before = len(mailbox[0].messages)
     sent = notices.deliver(factory.kw["bind"], conf, ids=[])
     assert [(i.channel, i.status) for i in sent] == [("email", "sent")]

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from icalendar import Calendar
 from sqlalchemy import select
 
-from app.db import lock_for_write
+from app.db import lock_for_write, transaction
 from app.models import User
 from app.schemas.reservation import ReservationCreate, ReservationUpdate
 from app.schemas.series import SeriesCreate
@@ -83,12 +83,10 @@ def test_b34_instants_in_utc_real_end_stable_uid_cancelled_occurrence(client, la
     assert "thesis runs" in str(events[f"reservation-{single}@testserver"]["summary"])
 
     # a change bumps SEQUENCE under the same UID
-    with session_factory() as s:
-        lock_for_write(s)
+    with transaction(session_factory, write=True) as s:
         alice = s.scalar(select(User).where(User.username == "alice"))
         reservation_service.update_reservation(s, actor=alice, reservation_id=single, settings=settings, now=NOW,
                                                data=ReservationUpdate(end="2026-08-20T19:00:00+02:00"))
-        s.commit()
     ev = {str(e["uid"]): e for e in Calendar.from_ical(_feed(session_factory, settings, token)).walk("VEVENT")}
     changed = ev[f"reservation-{single}@testserver"]
     assert int(changed["sequence"]) == 1 and changed.decoded("dtend") == datetime(2026, 8, 20, 17, 0, tzinfo=UTC)

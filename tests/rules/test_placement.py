@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from sqlalchemy import select
 
 from app.config import Settings
-from app.db import build_engine, build_session_factory, lock_for_write
+from app.db import build_engine, build_session_factory, lock_for_write, transaction
 from app.errors import InvalidInput
 from app.models import Device, DeviceTelemetry, Host, Reservation, ReservationDevice, User
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
@@ -178,13 +178,11 @@ def test_prefers_devices_of_one_link_group(client, lab, session_factory):
     devs = [gpu(u, i, link_group="nvl-a" if i < 2 else "nvl-b") for i, u in enumerate(lab.devices)]
     _snapshot(client, lab, 2, devs)
     start = future(1)
-    with session_factory() as s:  # GPU 1 is taken now: 0 alone in its group, 2 and 3 together
-        lock_for_write(s)
+    with transaction(session_factory, write=True) as s:  # GPU 1 is taken now: 0 alone in its group, 2 and 3 together
         bob = s.scalar(select(User).where(User.username == "bob"))
         reservation_service.create_reservation(
             s, actor=bob, data=ReservationCreate(host="node-01", devices=[1], start="now", duration=timedelta(hours=5)),
             settings=client.app.state.settings)
-        s.commit()
     assert _place(session_factory, count=2, start=start.isoformat())[1] == [2, 3]
 
 

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import select
 
-from app.db import lock_for_write
+from app.db import lock_for_write, transaction
 from app.errors import RuleViolation
 from app.models import User
 from app.schemas.reservation import ReservationCreate
@@ -107,12 +107,10 @@ def test_released_reservations_are_charged_until_release_and_cancelled_not_at_al
     now = datetime(2026, 5, 4, 8, 0, tzinfo=UTC)
     a = _book(session_factory, settings, "alice", [0, 1], "2026-05-04T10:00", "2026-05-04T14:00", now=now)
     b = _book(session_factory, settings, "alice", [2], "2026-05-05T10:00", "2026-05-05T14:00", now=now)
-    with session_factory() as s:
-        lock_for_write(s)
+    with transaction(session_factory, write=True) as s:
         alice = s.scalar(select(User).where(User.username == "alice"))
         reservation_service.end_reservation(s, actor=alice, reservation_id=a, now=datetime(2026, 5, 4, 9, 30, tzinfo=UTC))
         reservation_service.end_reservation(s, actor=alice, reservation_id=b, now=now)
-        s.commit()
     with session_factory() as s:
         alice = s.scalar(select(User).where(User.username == "alice"))
         u = limit_usage.usage(s, user=alice, now=datetime(2026, 5, 6, 8, 0, tzinfo=UTC), tz=BERLIN)

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import func, select
 
-from app.db import lock_for_write
+from app.db import lock_for_write, transaction
 from app.errors import InvalidInput, ReservationConflict, RuleViolation
 from app.models import Reservation, ReservationSeries, User
 from app.schemas.reservation import ReservationCreate
@@ -80,15 +80,13 @@ def test_b26_blackout_every_day_but_thursday_keeps_thursdays_free(client, lab, s
     assert lengths[date(2026, 10, 25)] == timedelta(hours=25)  # the DST end in Helsinki
     # each Thursday is bookable in full, in every week
     for thursday in ("2026-10-22", "2026-10-29", "2026-11-05"):
-        with session_factory() as s:
-            lock_for_write(s)
+        with transaction(session_factory, write=True) as s:
             bob = s.scalar(select(User).where(User.username == "bob"))
             day = date.fromisoformat(thursday)
             data = ReservationCreate(host="node-01", devices=[0], start=f"{day}T00:00", end=f"{day + timedelta(days=1)}T00:00",
                                      tz="Europe/Helsinki")
             reservation_service.create_reservation(s, actor=bob, data=data, settings=settings,
                                                    now=datetime(2026, 10, 1, tzinfo=UTC))
-            s.commit()
 
 
 def test_b26_until_is_an_inclusive_date_in_the_series_zone_whatever_the_client_zone(
@@ -131,12 +129,10 @@ def test_b27_series_first_then_single_booking_is_refused(client, lab, session_fa
 
 def test_b27_single_booking_first_then_series_is_refused_naming_the_occurrence(client, lab, session_factory, settings):
     now = datetime(2026, 3, 1, tzinfo=UTC)
-    with session_factory() as s:
-        lock_for_write(s)
+    with transaction(session_factory, write=True) as s:
         bob = s.scalar(select(User).where(User.username == "bob"))
         data = ReservationCreate(host="node-01", devices=[0], start="2026-04-02T09:30", end="2026-04-02T10:30", tz="Europe/Berlin")
         b = reservation_service.create_reservation(s, actor=bob, data=data, settings=settings, now=now)
-        s.commit()
     assert b.start_at == datetime(2026, 4, 2, 7, 30, tzinfo=UTC)
     for dry_run in (True, False):
         with pytest.raises(ReservationConflict) as e:

@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
+from app.db import transaction
 from app.models import LoginAttempt, Reservation, User, WebSession, utcnow
 from app.security import token_hash
 from app.web.sessions import SESSION_COOKIE
@@ -85,9 +86,8 @@ def test_throttle_window_passes(client, make_user, session_factory, settings):
     make_user("alice", password=PASSWORD)
     for _ in range(settings.login_max_attempts):
         _login_post(client, "alice", "guess")
-    with session_factory() as s:
+    with transaction(session_factory, write=True) as s:
         s.execute(update(LoginAttempt).values(at=utcnow() - timedelta(seconds=settings.login_window_seconds + 1)))
-        s.commit()
     assert _login_post(client, "alice", PASSWORD).status_code == 303
 
 
@@ -127,11 +127,10 @@ def test_sign_out_deletes_the_session(weblab, session_factory):
 
 
 def test_expired_or_deactivated_sessions_stop_working(weblab, session_factory):
-    with session_factory() as s:
+    with transaction(session_factory, write=True) as s:
         s.execute(update(WebSession).where(WebSession.user_id == s.scalar(select(User.id).where(User.username == "alice")))
                   .values(expires_at=utcnow() - timedelta(seconds=1)))
         s.execute(update(User).where(User.username == "bob").values(active=False))
-        s.commit()
     assert weblab.alice.get("/", follow_redirects=False).status_code == 303
     assert weblab.bob.get("/", follow_redirects=False).status_code == 303
     assert weblab.admin.get("/", follow_redirects=False).status_code == 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from app.db import transaction
 from app.models import AuditLog
 from tests.conftest import book, future, gpu, snapshot_body
 from tests.web.test_now import _device_block, _host_block
@@ -65,10 +66,9 @@ def _actor(session_factory, username: str):
     from app.services import users as user_service
     from tests.conftest import Actor
 
-    with session_factory() as s:
+    with transaction(session_factory, write=True) as s:
         user = s.scalar(select(User).where(User.username == username))
         token = user_service.create_api_token(s, user=user, name="t")[1]
-        s.commit()
     return Actor(username, token)
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import update
 from agent.collect import SnapshotBuilder
 from agent.replay import ReplaySource
 from agent.schema import FindingReport, ProcessReport
+from app.db import transaction
 from app.models import Host
 from tests.conftest import future, gpu, snapshot_body
 
@@ -66,9 +67,8 @@ def replayed(weblab, client, make_host, tmp_path, session_factory):
     stale = make_host("stale-01")
     r = client.post("/api/v1/agent/snapshots", json=snapshot_body("stale-01", 1, [gpu("GPU-5555stale", 0)]), headers=stale.headers)
     assert r.status_code == 200
-    with session_factory() as s:
+    with transaction(session_factory, write=True) as s:
         s.execute(update(Host).where(Host.name == "stale-01").values(last_seen_at=datetime.now(UTC) - timedelta(minutes=5)))
-        s.commit()
 
     for who, dev, start in ((weblab.alice, 1, "now"), (weblab.bob, 2, future(3).isoformat())):
         body = {"host": "node-01", "devices": [dev], "start": start, "duration": "PT2H", "note": f"{who.username}-job"}
