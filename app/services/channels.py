@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import apprise
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
@@ -93,6 +92,8 @@ def validate_url(url: str) -> str:
     url = (url or "").strip()
     if not url or len(url) > MAX_URL:
         raise InvalidInput(f"url: 1 to {MAX_URL} characters", field="url")
+    import apprise  # here, not at module level: it costs a tenth of a second of every server start
+
     if apprise.Apprise.instantiate(url) is None:
         raise InvalidInput(f"url: apprise does not accept {redact(url)!r} (see docs/notices.md for the URL forms)",
                            field="url")
@@ -196,6 +197,8 @@ class Sent:
 def send(url: str, *, title: str, body: str) -> Sent:
     """Send one notice through apprise to ``url``, sanitised for its sink; never raises for a
     failed delivery (the reason, from apprise's log, is in ``detail``)."""
+    import apprise  # see validate_url
+
     obj = apprise.Apprise()
     if not obj.add(url):
         return Sent(False, f"apprise does not accept {redact(url)}")

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import math
 import ssl
-
-from ldap3 import NONE, SUBTREE, Connection, Server, Tls
-from ldap3.core.exceptions import LDAPException
-from ldap3.utils.conv import escape_filter_chars
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
@@ -26,6 +23,9 @@ from app.config import Settings
 from app.errors import AppError
 from app.models import User
 from app.services.directory import DirectoryAccount, provision
+
+if TYPE_CHECKING:  # ldap3 itself is imported where a sign-in needs it: servers without LDAP never load it
+    from ldap3 import Connection, Server
 
 
 class DirectoryUnavailable(AppError):
@@ -40,6 +40,8 @@ def enabled(settings: Settings) -> bool:
 
 
 def _server(settings: Settings) -> Server:
+    from ldap3 import NONE, Server, Tls
+
     url = settings.ldap_url or ""
     tls = Tls(
         validate=ssl.CERT_REQUIRED if settings.ldap_tls_verify else ssl.CERT_NONE,
@@ -51,6 +53,8 @@ def _server(settings: Settings) -> Server:
 
 
 def _connect(server: Server, settings: Settings, *, user: str | None, password: str | None) -> Connection:
+    from ldap3 import Connection
+
     conn = Connection(server, user=user, password=password, receive_timeout=max(1, math.ceil(settings.ldap_timeout_seconds)),
                       raise_exceptions=False, read_only=True)
     conn.open()
@@ -75,6 +79,10 @@ def authenticate(settings: Settings, *, username: str, password: str) -> Directo
     """
     if not username or not password:  # an empty password would be an unauthenticated bind: never a sign-in
         return None
+    from ldap3 import SUBTREE
+    from ldap3.core.exceptions import LDAPException
+    from ldap3.utils.conv import escape_filter_chars
+
     server = _server(settings)
     try:
         svc = _connect(server, settings, user=settings.ldap_bind_dn, password=settings.ldap_bind_password)

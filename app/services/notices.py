@@ -41,7 +41,8 @@ from datetime import datetime, timedelta
 from email.message import EmailMessage
 from urllib.parse import urlsplit
 
-import httpx
+from typing import TYPE_CHECKING
+
 from sqlalchemy import Engine, event, func, or_, select, update
 from sqlalchemy.orm import Session
 
@@ -53,6 +54,9 @@ from app.i18n import use_locale
 from app.services import channels, notice_text
 from app.services.notice_text import ADMIN_KINDS
 from app.services.notice_text import clean as _clean
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +314,8 @@ def _send_webhooks(items: list[Outgoing], settings: Settings) -> None:
         for it in items:
             it.detail = "no webhook URL configured"
         return
+    import httpx  # here, not at module level: only a deployment with a webhook pays its import
+
     with httpx.Client(timeout=WEBHOOK_TIMEOUT_S, transport=WEBHOOK_TRANSPORT, follow_redirects=False) as client:
         for it in items:
             try:
