@@ -156,13 +156,14 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         snap = snap.model_copy(update={"findings": [
             f.model_copy(update={"first_seen": min(f.first_seen, now), "last_seen": min(f.last_seen, now)})
             for f in snap.findings]})
-    devices = ingest_state.upsert_devices(session, host, snap, stored, now)
+    touches = ingest_state.Touches(now=now)
+    devices = ingest_state.upsert_devices(session, host, snap, stored, now, touches)
     # Latest by collection time, not seq: a spooled backlog replays older snapshots after newer ones may
     # have been posted, and an agent whose state was wiped restarts its seq.
     is_latest = host.last_collected_at is None or at >= host.last_collected_at
     host_values["last_seen_at"] = now  # the agent is alive: staleness goes by receipt
     if is_latest:
-        ingest_state.store_latest(session, host, snap, devices, at, stored)
+        ingest_state.store_latest(session, host, snap, devices, at, stored, touches)
         host_values.update(
             last_seq=snap.seq, last_collected_at=at, interval_seconds=snap.interval_seconds,
             agent_version=snap.agent_version, driver_version=snap.driver_version, nvml_version=snap.nvml_version,
@@ -170,7 +171,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
             monitoring_status=snap.monitoring.status, monitoring_message=snap.monitoring.message, stale=snap.stale,
             suspect=snap.suspect, suspect_reasons=snap.suspect_reasons or None, clock_offset_s=snap.clock_offset_s,
         )
-    ingest_state.update_host(session, host, host_values)
+    ingest_state.update_host(session, host, host_values, touches)
     if is_latest:
         occupied.record_warnings(session, host=host, snap=snap, devices=devices, now=now)  # type: ignore[arg-type]
         # health quarantine: reads the database only when a device shows a critical condition

@@ -8,17 +8,21 @@ compiled form is cached by SQLAlchemy, so each call only binds parameters).
 
 Columns that change on every snapshot (``devices.last_seen_at``,
 ``device_telemetry.collected_at``, ``device_processes.seen_at``) are written by one UPDATE
-over the unchanged rows, since readers match them against ``hosts.last_collected_at``.
+over the unchanged rows, since readers match them against ``hosts.last_collected_at``. Those
+"touches" are gathered in :class:`Touches` and written with the host row: on PostgreSQL as
+data-modifying CTEs of the host's UPDATE, one statement instead of four (each statement costs
+psycopg and SQLAlchemy about 0.3 ms of CPU, more than PostgreSQL spends executing it); on
+SQLite, where a statement is cheap and DML in a CTE does not exist, one after the other.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import ARRAY, Integer, any_, bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -70,6 +74,45 @@ _INSERT_PROCESS = insert(_proc)
 _UPDATE_HOST = (update(_host).where(_host.c.id == bindparam("_id"))
                 .values({f: bindparam(f, type_=_host.c[f].type) for f in HOST_FIELDS}))
 _TOUCH_PROCESSES = update(_proc).where(_proc.c.host_id == bindparam("_host")).values(seen_at=bindparam("at"))
+# PostgreSQL: the three touches ride on the host's UPDATE. An empty id array, or a NULL host,
+# matches no row, so one statement serves every combination of touches.
+_IDS = ARRAY(Integer)
+_UPDATE_HOST_TOUCHING = (
+    _UPDATE_HOST
+    .add_cte(update(_dev).where(_dev.c.id == any_(bindparam("touch_devices", type_=_IDS)))
+             .values(last_seen_at=bindparam("touch_now")).cte("touch_devices"))
+    .add_cte(update(_tel).where(_tel.c.device_id == any_(bindparam("touch_telemetry", type_=_IDS)))
+             .values(collected_at=bindparam("touch_at")).cte("touch_telemetry"))
+    .add_cte(update(_proc).where(_proc.c.host_id == bindparam("touch_processes", type_=Integer))
+             .values(seen_at=bindparam("touch_at")).cte("touch_processes"))
+)
+
+
+@dataclass(slots=True)
+class Touches:
+    """Rows of a host that a snapshot left unchanged, whose "seen" times move to it; written by
+    :func:`update_host`. ``now``: receipt (UTC), for ``devices.last_seen_at``; ``at``: the
+    snapshot's collection time (UTC), for telemetry and processes."""
+
+    now: datetime
+    at: datetime | None = None
+    devices: list[int] = field(default_factory=list)
+    telemetry: list[int] = field(default_factory=list)
+    processes_of: int | None = None  # host id whose process list is unchanged
+
+    def write_apart(self, session: Session) -> None:
+        """Each touch as its own statement (SQLite, or a host row with nothing to write)."""
+        if self.devices:
+            session.execute(_TOUCH_DEVICES, {"ids": self.devices, "at": self.now})
+        if self.telemetry:
+            session.execute(_TOUCH_TELEMETRY, {"ids": self.telemetry, "at": self.at})
+        if self.processes_of is not None:
+            session.execute(_TOUCH_PROCESSES, {"_host": self.processes_of, "at": self.at})
+
+    def params(self) -> dict[str, object]:
+        """Bind parameters of the touches in :data:`_UPDATE_HOST_TOUCHING`."""
+        return {"touch_devices": self.devices, "touch_now": self.now, "touch_telemetry": self.telemetry,
+                "touch_at": self.at or self.now, "touch_processes": self.processes_of}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +132,15 @@ def load_devices(session: Session, uuids: Iterable[str]) -> list[tuple]:
     return list(session.execute(_SELECT_DEVICES, {"uuids": wanted}).all())
 
 
-def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tuple], now: datetime) -> dict[str, DeviceRef]:
+def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tuple], now: datetime,
+                   touches: Touches) -> dict[str, DeviceRef]:
     """Register the snapshot's devices to ``host``: new ones inserted (whole GPUs before their
     MIG instances, so a MIG instance can point at its parent), changed ones updated, the
-    rest only get ``last_seen_at = now`` in one statement. ``stored`` is :func:`load_devices`'
+    rest only get ``last_seen_at = now``, added to ``touches``. ``stored`` is :func:`load_devices`'
     answer, already cleared of other hosts' devices. Returns uuid -> :class:`DeviceRef`."""
     rows = {r[0]: r for r in stored}
     refs = {uuid: DeviceRef(r[1], r[3]) for uuid, r in rows.items()}
-    touch: list[int] = []
+    touch = touches.devices
     changed: list[dict] = []
     for rep in sorted(snap.devices, key=lambda d: d.parent_uuid is not None):
         parent = refs.get(rep.parent_uuid) if rep.parent_uuid else None
@@ -119,20 +163,19 @@ def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tu
             touch.append(row[1])
     if changed:
         session.execute(_UPDATE_DEVICE, changed)
-    if touch:
-        session.execute(_TOUCH_DEVICES, {"ids": touch, "at": now})
     return {rep.uuid: refs[rep.uuid] for rep in snap.devices}
 
 
 def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, DeviceRef], at: datetime,
-                 stored: list[tuple]) -> None:
+                 stored: list[tuple], touches: Touches) -> None:
     """Latest telemetry (one row per device) and process list of ``host`` as of ``at`` (UTC):
-    rows whose values changed are rewritten, the rest only get the new collection time.
-    ``stored`` is :func:`load_devices`' answer (it carries the stored telemetry)."""
+    rows whose values changed are rewritten, the rest only get the new collection time (added
+    to ``touches``). ``stored`` is :func:`load_devices`' answer (it carries the stored telemetry)."""
+    touches.at = at
     ids = [devices[d.uuid].id for d in snap.devices]
     if ids:
         current = {r[1]: tuple(r[_TEL_AT + 1:]) for r in stored if r[_TEL_AT] is not None}
-        new_rows, changed, touch = [], [], []
+        new_rows, changed, touch = [], [], touches.telemetry
         for rep in snap.devices:
             dev_id = devices[rep.uuid].id
             values = tuple(getattr(rep, f) for f in TELEMETRY_FIELDS)
@@ -147,8 +190,6 @@ def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str
             session.execute(_INSERT_TELEMETRY, new_rows)
         if changed:
             session.execute(_UPDATE_TELEMETRY, changed)
-        if touch:
-            session.execute(_TOUCH_TELEMETRY, {"ids": touch, "at": at})
     procs = []
     for p in snap.processes:
         dev = devices.get(p.device_uuid)
@@ -158,7 +199,7 @@ def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str
     had = [tuple(r) for r in session.execute(_SELECT_PROCESSES, {"host_id": host.id})]
     if Counter(had) == Counter(procs):
         if procs:
-            session.execute(_TOUCH_PROCESSES, {"_host": host.id, "at": at})
+            touches.processes_of = host.id
         return
     if had:
         session.execute(_DELETE_PROCESSES, {"host_id": host.id})
@@ -166,19 +207,24 @@ def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str
         session.execute(_INSERT_PROCESS, [dict(zip(PROCESS_FIELDS, p), host_id=host.id, seen_at=at) for p in procs])
 
 
-def update_host(session: Session, host: Host, values: dict[str, object]) -> None:
+def update_host(session: Session, host: Host, values: dict[str, object], touches: Touches) -> None:
     """Write ``values`` (of :data:`HOST_FIELDS` and :data:`CLOCK_FIELDS`) to ``host``'s row when any differs, in
     one statement built once (the other columns keep the loaded object's values), and set them
-    on the loaded object without marking it dirty."""
+    on the loaded object without marking it dirty. ``touches`` are written too: on PostgreSQL in
+    the host row's statement, elsewhere (or with no host column to write) one statement each."""
     diff = {k: v for k, v in values.items() if getattr(host, k) != v}
-    if not diff:
-        return
     clock = {k: v for k, v in diff.items() if k in CLOCK_FIELDS}
     if clock:
         session.execute(update(_host).where(_host.c.id == host.id).values(clock))
     if len(clock) < len(diff):
         params = {f: getattr(host, f) for f in HOST_FIELDS}
         params.update({k: v for k, v in diff.items() if k not in CLOCK_FIELDS}, _id=host.id)
-        session.execute(_UPDATE_HOST, params)
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(_UPDATE_HOST_TOUCHING, {**params, **touches.params()})
+        else:
+            touches.write_apart(session)
+            session.execute(_UPDATE_HOST, params)
+    else:
+        touches.write_apart(session)
     for k, v in diff.items():
         set_committed_value(host, k, v)
