@@ -47,7 +47,7 @@ SEED_ROLLUPS = text(
     INSERT INTO usage_rollups (device_id, minute, samples, utilization_sum, utilization_samples,
                                memory_used_sum_mib, memory_samples, users, holder)
     SELECT d.ids[1 + g % d.n],
-           date_trunc('minute', CAST(:base AS timestamptz)) - interval '1 minute' * ((:n + d.n - 1) / d.n - g / d.n),
+           date_trunc('minute', CAST(:base AS timestamptz)) - interval '1 minute' * ((CAST(:n AS bigint) + d.n - 1) / d.n - g / d.n),
            4, (g % 101) * 4.0, 4, (g % 7) * 40000.0, 4,
            CASE WHEN g % 3 = 0 THEN CAST('[]' AS json) ELSE u.lists[1 + (g / 977) % u.n] END,
            CASE WHEN g % 3 = 0 THEN NULL ELSE u.names[1 + (g / 977) % u.n] END
@@ -79,12 +79,12 @@ SEED_FINDINGS = text(
            10000 + g, extract(epoch FROM t.at), u.username, 2000 + u.k, 'python train.py --run ' || g,
            CASE WHEN k.kind = 'foreign' THEN u.username END,
            k.kind || ' process of ' || u.username, t.at, t.at + interval '20 minutes', t.at + interval '20 minutes', t.at
-      FROM generate_series(0, :days * :per_day - 1) AS g
+      FROM generate_series(0, CAST(:days AS int) * CAST(:per_day AS int) - 1) AS g
       JOIN devs d ON d.k = g % d.n
       JOIN users_ u ON u.k = g % u.n
       CROSS JOIN LATERAL (SELECT (ARRAY['unreserved', 'foreign', 'overrun', 'idle'])[g % 4 + 1] AS kind) k
-      CROSS JOIN LATERAL (SELECT CAST(:base AS timestamptz) - interval '1 day' * :days
-                                 + interval '1 day' * g / :per_day AS at) t
+      CROSS JOIN LATERAL (SELECT CAST(:base AS timestamptz) - interval '1 day' * CAST(:days AS int)
+                                 + interval '1 day' * g / CAST(:per_day AS int) AS at) t
     """
 )
 SEED_FINDINGS.__doc__ = """``:days * :per_day`` ended findings of host ``:host_id``, evenly spaced over the
