@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import statistics
 import sys
 import time
@@ -229,6 +230,11 @@ def main() -> None:
         return
     span_days = Settings(environment="test").rollup_retention_days - 1  # inside retention, a day to spare
     lab_hosts = max(0, math.ceil(rollup_devices_needed(args.rollups, days=span_days) / GPUS) - HOSTS)
+    def interrupted(signum, frame):  # a kill drops the databases as Ctrl-C does
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)  # also when started in the background (SIGINT ignored there)
     names = [_create_pg_database(), _create_pg_database()]
     try:
         t = time.perf_counter()
