@@ -85,7 +85,7 @@ class AuditLog(Base):
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     actor: Mapped[str] = mapped_column(String(160), comment="user:<name> | host:<name> | system")
     action: Mapped[str] = mapped_column(String(64), index=True)  # /metrics counts one action's rows
-    target: Mapped[str | None] = mapped_column(String(256))
+    target: Mapped[str | None] = mapped_column(String(256), index=True)  # a finding's actions, a reservation's changes
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
