@@ -87,6 +87,8 @@ class Reservation(Base):
         CheckConstraint("auto_release IN ('no_show', 'idle', 'idle_devices', 'idle_consent')", name="auto_release"),
         Index("ix_reservations_host_id_end_at", "host_id", "end_at"),
         Index("ix_reservations_user_id_end_at", "user_id", "end_at"),  # quota counting
+        # holders of every device: only reservations that end after the instant, whatever the history
+        Index("ix_reservations_end_at", "end_at"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

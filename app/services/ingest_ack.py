@@ -43,6 +43,9 @@ _TABLE_ROWS = (
         _r.start_at < bindparam("before"),
         # a device released before the rest of its reservation is no longer the holder's
         or_(_rd.end_at >= _r.end_at, _rd.end_at > bindparam("now")),
+        # implied by the two above ("after" is before "now"), but it lets the planner reach the
+        # reserved devices by ix_reservation_devices_end_at, never by scanning their history
+        _rd.end_at > bindparam("after"),
     )
     .order_by(_r.start_at, _r.id, _d.index)
 )

@@ -38,8 +38,10 @@ _ROWS = (
            Reservation.kind, Reservation.note, User.username)
     .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
     .join(User, User.id == Reservation.user_id)
-    # walks ix_reservation_devices_end_at: history has ended, only these rows can hold
-    .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > bindparam("now"))
+    # walks ix_reservation_devices_end_at and ix_reservations_end_at: history has ended, only
+    # these rows can hold (a reservation ends no earlier than any of its devices)
+    .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > bindparam("now"),
+           Reservation.end_at > bindparam("now"))
 )
 
 

@@ -33,6 +33,9 @@ def plain_holdings(session: Session, *, devices: Sequence, start: datetime, end:
             .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
             .join(User, User.id == Reservation.user_id)
             .where(ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start,
+                   # implied (a reservation ends no earlier than any of its devices), but it lets the
+                   # planner reach reservations by ix_reservations_end_at, never by scanning the history
+                   Reservation.end_at > start,
                    or_(ReservationDevice.device_id.in_(chunk), ReservationDevice.physical_id.in_(phys)))
         ):
             seen[row[0]] = row
