@@ -129,6 +129,16 @@ def problem_response(status: int, doc: dict[str, Any], headers: dict[str, str] |
     return JSONResponse(doc, status_code=status, media_type=PROBLEM, headers=headers)
 
 
+def busy_response(detail: str, instance: str | None = None) -> JSONResponse:
+    """503 busy problem details with ``Retry-After: 1``: the service is up but could not get
+    its turn at the database (SQLite locked, every pooled connection in use); nothing was
+    written, so the client may simply send the request again."""
+    doc = {"type": "/problems/busy", "title": "Service busy", "status": 503, "detail": detail}
+    if instance is not None:
+        doc["instance"] = instance
+    return problem_response(503, doc, {"Retry-After": "1"})
+
+
 def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "cookie")]
     return ".".join(parts) or "body"
@@ -181,8 +191,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if not is_retryable(exc):
             raise exc
         log.warning("database busy after retries: %s", exc.orig)
-        doc = {"type": "/problems/busy", "title": "Service busy", "status": 503, "detail": "the database is busy; retry shortly"}
-        return problem_response(503, doc, {"Retry-After": "1"})
+        return busy_response("the database is busy; retry shortly")
 
     @app.exception_handler(IntegrityError)
     async def _integrity(request: Request, exc: IntegrityError):

@@ -20,7 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app.errors import problem_response
+from app.errors import busy_response, problem_response
 
 log = logging.getLogger("gpuroster.db")
 
@@ -115,9 +115,7 @@ async def _pool_exhausted(request: Request, exc: Exception):
         resp = await error_page(request, status=503, title="Service busy", detail=detail, lookup_viewer=False)
         resp.headers["Retry-After"] = "1"
         return resp
-    doc = {"type": "/problems/busy", "title": "Service busy", "status": 503, "detail": detail,
-           "instance": request.url.path}
-    return problem_response(503, doc, {"Retry-After": "1"})
+    return busy_response(detail, request.url.path)
 
 
 def _is_page(request: Request) -> bool:

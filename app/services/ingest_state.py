@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from agent.schema import Snapshot
+from app.db import is_sqlite
 from app.models import Device, DeviceProcess, DeviceTelemetry, Host
 
 TELEMETRY_FIELDS = (
@@ -219,7 +220,7 @@ def update_host(session: Session, host: Host, values: dict[str, object], touches
     if len(clock) < len(diff):
         params = {f: getattr(host, f) for f in HOST_FIELDS}
         params.update({k: v for k, v in diff.items() if k not in CLOCK_FIELDS}, _id=host.id)
-        if session.get_bind().dialect.name == "postgresql":
+        if not is_sqlite(session):  # PostgreSQL: DML in a CTE
             session.execute(_UPDATE_HOST_TOUCHING, {**params, **touches.params()})
         else:
             touches.write_apart(session)
