@@ -1,28 +1,17 @@
-"""One error family, one handler: RFC 9457 problem details for the API.
+"""One error family: the expected failures services raise, each with its HTTP status.
 
-Services raise :class:`AppError` subclasses; :func:`install_error_handlers` renders them as
-``application/problem+json`` (pages render an error fragment instead, see ``app.web``).
-Expected failures are never 500: validation errors become 422 naming the fields, database
-integrity errors that escaped a service become 409.
+Services raise :class:`AppError` subclasses; :mod:`app.problems` renders them as RFC 9457
+``application/problem+json`` for the API (pages render an error fragment instead, see
+``app.web``). This module imports no web framework, so the administrator's commands and
+other users of the services load neither FastAPI nor Starlette.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, IntegrityError, OperationalError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-log = logging.getLogger(__name__)
-
-PROBLEM = "application/problem+json"
 
 
 class AppError(Exception):
@@ -118,88 +107,3 @@ def localize_instants(text: str, tz: ZoneInfo) -> str:
         return t.strftime("%Y-%m-%d %H:%M" + (":%S" if t.second else "") + " %Z")
 
     return _INSTANT.sub(local, text)
-
-
-def _lab_zone(request: Request) -> ZoneInfo | None:
-    settings = getattr(request.app.state, "settings", None)
-    return getattr(settings, "tz", None)
-
-
-def problem_response(status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(doc, status_code=status, media_type=PROBLEM, headers=headers)
-
-
-def busy_response(detail: str, instance: str | None = None) -> JSONResponse:
-    """503 busy problem details with ``Retry-After: 1``: the service is up but could not get
-    its turn at the database (SQLite locked, every pooled connection in use); nothing was
-    written, so the client may simply send the request again."""
-    doc = {"type": "/problems/busy", "title": "Service busy", "status": 503, "detail": detail}
-    if instance is not None:
-        doc["instance"] = instance
-    return problem_response(503, doc, {"Retry-After": "1"})
-
-
-def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "cookie")]
-    return ".".join(parts) or "body"
-
-
-def validation_problem(errors: list[dict[str, Any]], instance: str | None = None) -> dict[str, Any]:
-    """422 problem document listing each invalid field (``errors[].field`` and message)."""
-    items = [{"field": _field_of(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in errors]
-    detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:5])
-    doc = {"type": "/problems/validation", "title": "Invalid input", "status": 422, "detail": detail, "errors": items}
-    if instance:
-        doc["instance"] = instance
-    return doc
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers for AppError, validation errors, HTTP errors and IntegrityError."""
-
-    @app.exception_handler(AppError)
-    async def _app_error(request: Request, exc: AppError):
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        doc = exc.to_problem(request.url.path)
-        tz = _lab_zone(request)
-        if tz is not None:
-            doc["detail"] = localize_instants(doc["detail"], tz)
-        return problem_response(exc.status, doc, headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        return problem_response(422, validation_problem(list(exc.errors()), request.url.path))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        doc = {"type": "about:blank", "title": str(exc.detail), "status": exc.status_code, "detail": str(exc.detail)}
-        return problem_response(exc.status_code, doc, getattr(exc, "headers", None))
-
-    @app.exception_handler(OverflowError)
-    @app.exception_handler(DataError)
-    async def _out_of_range(request: Request, exc: Exception):
-        # a number or string the database cannot hold (ids beyond 2^63, values out of range)
-        log.info("value out of range for the database: %s", exc)
-        doc = {"type": "/problems/validation", "title": "Invalid input", "status": 422,
-               "detail": "a value in the request is out of the range the database accepts"}
-        return problem_response(422, doc)
-
-    @app.exception_handler(OperationalError)
-    async def _busy(request: Request, exc: OperationalError):
-        from app.db import is_retryable
-
-        if not is_retryable(exc):
-            raise exc
-        log.warning("database busy after retries: %s", exc.orig)
-        return busy_response("the database is busy; retry shortly")
-
-    @app.exception_handler(IntegrityError)
-    async def _integrity(request: Request, exc: IntegrityError):
-        log.warning("integrity error escaped a service: %s", exc.orig)
-        doc = {
-            "type": "/problems/integrity",
-            "title": "Conflict",
-            "status": 409,
-            "detail": "the change conflicts with existing data (duplicate or referenced row)",
-        }
-        return problem_response(409, doc)

@@ -22,7 +22,8 @@ from app.api import (agent, approvals, boosts, checkin, feeds, findings, hosts, 
 from app.web import apidocs
 from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory, write_gate_for
-from app.errors import PayloadTooLarge, install_error_handlers, problem_response
+from app.errors import PayloadTooLarge
+from app.problems import install_error_handlers, problem_response
 
 log = logging.getLogger("gpuroster")
 

@@ -26,7 +26,8 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import SessionDep
 from app.api.metrics_auth import require_metrics_token
 from app.db import run_in_transaction
-from app.errors import ReservationConflict, problem_response
+from app.errors import ReservationConflict
+from app.problems import problem_response
 from app.models import utcnow
 from app.services import metrics as metrics_service
 from app.services.metrics_cache import MetricsCache

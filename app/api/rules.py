@@ -12,7 +12,8 @@ from app.api.boosts import boost_read
 from app.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
 from app.client.units import parse_duration
-from app.errors import Forbidden, InvalidInput, problem_response
+from app.errors import Forbidden, InvalidInput
+from app.problems import problem_response
 from app.models import Host, SharingRule, utcnow
 from app.schemas.rules import (
     AvailabilityRead,

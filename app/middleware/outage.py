@@ -20,7 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app.errors import busy_response, problem_response
+from app.problems import busy_response, problem_response
 
 log = logging.getLogger("gpuroster.db")
 

@@ -22,7 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.i18n import lazy_gettext as _l
-from app.errors import AppError, localize_instants, validation_problem
+from app.errors import AppError, localize_instants
+from app.problems import validation_problem
 from app.web.deps import Viewer, cookie_user_resolver, viewer_for
 from app.web.render import is_htmx, page
 from app.web.routing import SignInRequired, routed_to_page

@@ -14,7 +14,7 @@ from sqlalchemy import event
 
 from agent.schema import Snapshot
 from app.db import run_in_transaction
-from app.errors import install_error_handlers
+from app.problems import install_error_handlers
 from app.services import hosts as host_service
 from tests.conftest import Actor, gpu, snapshot_body
 

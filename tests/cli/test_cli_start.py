@@ -66,3 +66,14 @@ def test_a_command_imports_httpx_for_its_first_request_and_not_its_cli(tmp_path)
     assert "httpx" in modules and "httpx._main" not in modules
     # pydantic may be there: typer (0.2x) coerces a command's parameters with pydantic TypeAdapters
     assert modules & ({"babel", "rich", "pygments"} | SERVICE_PACKAGES) == set()
+
+
+def test_admin_commands_load_the_database_layer_but_no_web_framework(tmp_path):
+    """An administrator's command works on the database through the services; the services'
+    errors (app.errors) carry no HTTP machinery, so FastAPI and Starlette stay unloaded."""
+    db = f"sqlite:///{tmp_path / 'gpuroster.db'}"
+    env = {"GPUROSTER_DATABASE_URL": db, "GPUROSTER_DATA_DIR": str(tmp_path)}
+    assert run_cli(tmp_path, "migrate", **env)[0] == 0
+    code, modules = run_cli(tmp_path, "admin", "add-host", "node-01", **env)
+    assert code == 0 and "sqlalchemy" in modules and "app.services.hosts" in modules
+    assert modules & {"fastapi", "starlette", "jinja2", "uvicorn"} == set()
