@@ -30,6 +30,54 @@ def gpuroster_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, 
     return env
 
 
+class Seeder:
+    """Users, API tokens and hosts written straight into a live server's database through the
+    services that ``gpuroster admin create-user/create-token/add-host`` call, in this process.
+
+    Tests that only need a seeded lab use it instead of starting one ``gpuroster admin``
+    process per row (about a second of CPU each, most of it imports); the commands themselves
+    are tested where they are the subject (``tests/cli``, the README session). Passwords are
+    hashed with this process's hasher; a server verifies any argon2id cost from the hash.
+    ``close()`` (or ``with``) disposes of the engine.
+    """
+
+    def __init__(self, database_url: str, **settings: object) -> None:
+        from app.config import Settings
+        from app.db import build_engine, build_session_factory
+
+        self.engine = build_engine(Settings(database_url=database_url, environment="test", **settings))
+        self.factory = build_session_factory(self.engine)
+
+    def __enter__(self) -> "Seeder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def user(self, name: str, *, admin: bool = False, email: str | None = None, password: str | None = None) -> str:
+        """Create user ``name`` (no password: a token-only account) and return a new API token."""
+        from app.db import run_in_transaction
+        from app.services import users
+
+        def work(s):
+            u = users.create_user(s, username=name, password=password, email=email, unix_name=None, admin=admin,
+                                  actor="cli")
+            s.flush()
+            return users.create_api_token(s, user=u, name="cli", expires_days=None)[1]
+
+        return run_in_transaction(self.factory, work)
+
+    def host(self, name: str) -> str:
+        """Register host ``name`` and return its host token."""
+        from app.db import run_in_transaction
+        from app.services import hosts
+
+        return run_in_transaction(self.factory, lambda s: hosts.create_host(s, name=name, actor="cli")[1])
+
+
 def run_cli(args: list[str], env: dict[str, str], input: str | None = None) -> str:
     """Run ``gpuroster ARGS`` and return its stdout; raises CalledProcessError on failure."""
     out = subprocess.run([str(BIN / "gpuroster"), *args], env=env, input=input, capture_output=True, text=True, check=True, timeout=60)

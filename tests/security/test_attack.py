@@ -26,7 +26,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, require_pg
-from testkit.live import BIN, free_port, gpuroster_env, live_server, run_cli
+from testkit.live import BIN, Seeder, free_port, gpuroster_env, live_server
 from tests.security.test_outage import _rename
 
 pytestmark = pytest.mark.slow
@@ -76,12 +76,10 @@ def target(tmp_path_factory):
                         GPUROSTER_LOGIN_WINDOW_SECONDS="10")
     try:
         with live_server(env, log=data_dir / "serve.log") as url:
-            tokens = {}
-            for user in ("alice", "bob", "carol"):
-                run_cli(["admin", "create-user", user, "--password-stdin", "--email", f"{user}@lab.example"], env,
-                        input=PASSWORD + "\n")
-                tokens[user] = run_cli(["admin", "create-token", user], env)
-            host = run_cli(["admin", "add-host", "node-01"], env)
+            with Seeder(env["GPUROSTER_DATABASE_URL"]) as seed:
+                tokens = {user: seed.user(user, email=f"{user}@lab.example", password=PASSWORD)
+                          for user in ("alice", "bob", "carol")}
+                host = seed.host("node-01")
             yield {"url": url, "env": env, "tokens": tokens, "host": host, "db": name, "hook": _Hook.bodies,
                    "mail": box, "dir": data_dir}
     finally:

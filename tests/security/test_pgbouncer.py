@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import IN_CI, PG_SERVER, _create_pg_database, _drop_pg_database, require_pg
-from testkit.live import BIN, free_port, gpuroster_env, live_server, run_cli
+from testkit.live import BIN, Seeder, free_port, gpuroster_env, live_server, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -112,11 +112,11 @@ def test_b47_migrate_and_8_parallel_clients_through_pgbouncer_transaction_mode(p
         # (2) serve with the setting; users, tokens and a host made through the pooler too
         env = gpuroster_env(pooled, tmp_path, GPUROSTER_PGBOUNCER="true")
         with live_server(env, log=tmp_path / "serve.log") as url:
-            tokens = []
-            for i in range(CLIENTS):
-                run_cli(["admin", "create-user", f"user{i}", "--no-password"], env)
-                tokens.append(run_cli(["admin", "create-token", f"user{i}"], env))
+            run_cli(["admin", "create-user", "user0", "--no-password"], env)
+            tokens = [run_cli(["admin", "create-token", "user0"], env)]
             host = run_cli(["admin", "add-host", "node-01"], env)
+            with Seeder(pooled, pgbouncer=True) as seed:  # the rest through the services, through the pooler too
+                tokens += [seed.user(f"user{i}") for i in range(1, CLIENTS)]
             devices = [{"uuid": f"GPU-{i:08x}-0000-4000-8000-000000000000", "index": i, "name": "NVIDIA A100"}
                        for i in range(4)]
             r = httpx.post(url + "/api/v1/agent/snapshots", headers={"Authorization": f"Bearer {host}"},

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.conftest import IN_CI, PG_SERVER, REPO, _create_pg_database, _drop_pg_database, require_pg
-from testkit.live import gpuroster_env, live_server, run_cli
+from testkit.live import Seeder, gpuroster_env, live_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -77,13 +77,11 @@ class Live:
 
 def _seed(url: str, env: dict[str, str]) -> tuple[dict[str, str], int]:
     """Users, two hosts (one replayed from a capture, with a finding), a few reservations."""
-    tokens = {}
-    for name, admin in (("boss", True), ("alice", False), ("bob", False)):
-        args = ["admin", "create-user", name, "--password-stdin", "--email", f"{name}@lab.example"]
-        run_cli(args + (["--admin"] if admin else []), env, input=PASSWORD + "\n")
-        tokens[name] = run_cli(["admin", "create-token", name], env)
+    with Seeder(env["GPUROSTER_DATABASE_URL"]) as seed:
+        tokens = {name: seed.user(name, admin=admin, email=f"{name}@lab.example", password=PASSWORD)
+                  for name, admin in (("boss", True), ("alice", False), ("bob", False))}
+        node, replay = seed.host("node-01"), seed.host("k80-replay")
     now = datetime.now(UTC)
-    node = run_cli(["admin", "add-host", "node-01"], env)
     devices = [
         {"uuid": u, "index": i, "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920,
          "pci_bus_id": f"00000000:{0x17 + i:02X}:00.0", "memory_used_mib": [512, 40960, 0, 79000][i],
@@ -108,7 +106,6 @@ def _seed(url: str, env: dict[str, str]) -> tuple[dict[str, str], int]:
     from agent.collect import SnapshotBuilder
     from agent.replay import ReplaySource
 
-    replay = run_cli(["admin", "add-host", "k80-replay"], env)
     snap = SnapshotBuilder(ReplaySource([CAPTURE]), host="k80-replay", interval=600).build(seq=1, now=now)
     snap.devices[-1].health, snap.devices[-1].error = "lost", "GPU is lost"
     r = httpx.post(url + "/api/v1/agent/snapshots", json=json.loads(snap.model_dump_json()),

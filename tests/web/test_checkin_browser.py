@@ -16,16 +16,15 @@ from sqlalchemy import create_engine, update
 from app.models import Reservation
 from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, require_pg
 from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS, DESKTOP, PASSWORD, PHONE, SCREENSHOTS, _require_browser
-from testkit.live import gpuroster_env, live_server, run_cli
+from testkit.live import Seeder, gpuroster_env, live_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 UUIDS = [f"GPU-{i}{i}{i}{i}c0de-8a1e-4b2c-9d3f-00000000000{i}" for i in range(4)]
 
 
 def _seed(url: str, env: dict[str, str], db_url: str) -> list[int]:
-    run_cli(["admin", "create-user", "alice", "--password-stdin"], env, input=PASSWORD + "\n")
-    alice = run_cli(["admin", "create-token", "alice"], env)
-    node = run_cli(["admin", "add-host", "node-01"], env)
+    with Seeder(env["GPUROSTER_DATABASE_URL"]) as seed:
+        alice, node = seed.user("alice", password=PASSWORD), seed.host("node-01")
     devices = [{"uuid": u, "index": i, "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920,
                 "memory_used_mib": [0, 30000, 0, 0][i], "utilization_gpu": [0, 1, 0, 0][i],
                 "health_checks": [{"kind": "xid", "state": "bad" if i == 2 else "ok", **({"value": 79} if i == 2 else {})}]}
