@@ -24,6 +24,7 @@ from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory, write_gate_for
 from app.errors import PayloadTooLarge
 from app.problems import install_error_handlers, problem_response
+from app.routes import mount
 
 log = logging.getLogger("gpuroster")
 
@@ -150,10 +151,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     idempotency.install(app)
 
     # Every router by name: the whole surface in one place, and a renamed module fails here.
-    for router in (reservations.router, hosts.router, users.router, agent.router, findings.router,
-                   rules.router, feeds.router, notify.router, approvals.router, boosts.router,
-                   quarantines.router, waitlist.router, checkin.router):
-        app.include_router(router, prefix="/api/v1")
+    mount(app, reservations.router, hosts.router, users.router, agent.router, findings.router,
+          rules.router, feeds.router, notify.router, approvals.router, boosts.router,
+          quarantines.router, waitlist.router, checkin.router)
     agent.install(app)  # the snapshot route's request schema, which no parameter declares
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     approvals.install_expiry(app)  # pending reservations that reach their start unapproved expire

@@ -134,6 +134,18 @@ def _routes(routes, prefix: str = ""):
             yield prefix + getattr(r, "path", ""), r
 
 
+def test_every_application_of_a_process_shares_the_routes_built_at_import():
+    """No route is a wrapped router (which FastAPI builds anew for each application, on its
+    first requests); the API and page routes of two applications are the same objects."""
+    from app.main import create_app
+
+    first, second = create_app(), create_app()
+    assert [r for r in first.routes if hasattr(r, "original_router")] == []
+    shared = [r for r in first.routes if getattr(r, "path", "").startswith(("/api/v1/", "/login", "/book"))]
+    assert len(shared) > 50
+    assert {id(r) for r in shared} <= {id(r) for r in second.routes}
+
+
 def _static_get_routes(app, route_class):
     return sorted(path for path, r in _routes(app.routes) if type(r) is route_class
                   and "GET" in r.methods and "{" not in path)

@@ -12,17 +12,18 @@ snapshot's validation errors, the ingest, the commit, and the ack serialised to 
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
 from agent.schema import Snapshot, SnapshotAck
+from app.routes import api_router
 from app.api import snapshot_body
 from app.api.deps import current_host
 from app.db import transaction, write_gate_for
 from app.services import ingest
 
-router = APIRouter(prefix="/agent", tags=["agent"])
+router = api_router("/agent", tags=["agent"])
 
 
 def _ingest(request: Request, snapshot: Snapshot | None, errors: list[dict]) -> bytes:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import FastAPI, Response
 from sqlalchemy import select
 
+from app.routes import api_router
 from app.api.deps import AdminUser, CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
 from app.errors import InvalidInput
@@ -23,7 +24,7 @@ from app.services import reservations as reservation_service
 from app.services.conflicts import loaded_options
 from app.timeutil import parse_instant
 
-router = APIRouter(tags=["approvals"])
+router = api_router(tags=["approvals"])
 log = logging.getLogger(__name__)
 EXPIRE_PERIOD_S = 60.0  # how often pending reservations that reached their start are stored as expired
 DECIDE = {403: {"description": "not an admin nor a manager of the owner's group"},

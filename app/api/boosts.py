@@ -7,8 +7,9 @@ from datetime import date, datetime, timedelta
 from typing import Annotated
 from zoneinfo import ZoneInfo
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
+from app.routes import api_router
 from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
 from app.models import QuotaBoost, utcnow
@@ -17,7 +18,7 @@ from app.services import boosts as svc
 from app.services.quotas import lab_midnight
 from app.timeutil import parse_instant
 
-router = APIRouter(tags=["boosts"])
+router = api_router(tags=["boosts"])
 DECIDE = {403: {"description": "not an admin nor a manager of the member's group (or your own boost)"},
           404: {}, 409: {"description": "already decided (names by whom) or past its end"}}
 

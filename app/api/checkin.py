@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 
+from app.routes import api_router
 from app.api.deps import RowId, SettingsDep, WriteSessionDep, WriteUser
 from app.models import utcnow
 from app.periodic import run_periodically
@@ -15,7 +16,7 @@ from app.schemas.reservation import ReservationRead
 from app.services import checkin, checkin_sweep
 from app.services import reservations as reservation_service
 
-router = APIRouter(tags=["reservations"])
+router = api_router(tags=["reservations"])
 log = logging.getLogger(__name__)
 SWEEP_PERIOD_S = 60.0  # how often no-shows and idle holders are looked at (settings are in minutes)
 

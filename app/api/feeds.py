@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
+from app.routes import api_router
 from app.api.deps import AdminUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.schemas.rules import FeedRead
 from app.services import calendar as calendar_service
 from app.services import hosts as host_service
 
-router = APIRouter(tags=["feeds"])
+router = api_router(tags=["feeds"])
 
 ICS = "text/calendar; charset=utf-8"
 _ICS_RESPONSE = {200: {"content": {"text/calendar": {}}, "description": "an iCalendar document"}, 404: {}}

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 
+from app.routes import api_router
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
 from app.schemas.common import Page
 from app.schemas.finding import FindingRead
 from app.services import findings as svc
 from app.timeutil import parse_instant
 
-router = APIRouter(prefix="/findings", tags=["findings"])
+router = api_router("/findings", tags=["findings"])
 
 
 @router.get("", response_model=Page[FindingRead], responses={401: {}, 422: {}})

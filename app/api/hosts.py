@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import Query, Request, Response
 
+from app.routes import api_router
 from app.api.deps import AdminUser, CurrentUser, PageDep, SessionDep, WriteSessionDep
 from app.models import utcnow
 from app.schemas.host import (
@@ -24,7 +25,7 @@ from app.services.device_list_cache import DeviceListCache
 from app.services import devices as device_service
 from app.services import hosts as host_service
 
-router = APIRouter(tags=["hosts"])
+router = api_router(tags=["hosts"])
 
 
 @router.get("/hosts", response_model=list[HostRead])

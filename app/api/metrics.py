@@ -28,6 +28,7 @@ from app.api.metrics_auth import require_metrics_token
 from app.db import run_in_transaction
 from app.errors import ReservationConflict
 from app.problems import problem_response
+from app.routes import mount
 from app.models import utcnow
 from app.services import metrics as metrics_service
 from app.services.metrics_cache import MetricsCache
@@ -55,7 +56,7 @@ def _conflict_ids(exc: ReservationConflict) -> list[int]:
 
 def install(app: FastAPI) -> None:
     """Mount ``/metrics`` and count reservation conflicts (see the module docstring)."""
-    app.include_router(router)
+    mount(app, router)
 
     def _next_handler(exc: Exception):
         for cls in type(exc).__mro__[1:]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
+from app.routes import api_router
 from app.api.deps import CurrentUser, RowId, SessionDep, WriteSessionDep, WriteUser
 from app.errors import InvalidInput
 from app.models import Group, NotifyTarget, User
@@ -12,7 +13,7 @@ from app.services import channels
 from app.services.groups import get_group
 from app.services.users import get_user
 
-router = APIRouter(tags=["notices"])
+router = api_router(tags=["notices"])
 
 
 def _read(session, t: NotifyTarget) -> NotifyTargetRead:

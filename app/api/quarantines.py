@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 
+from app.routes import api_router
 from app.api.deps import AdminUser, CurrentUser, SessionDep, WriteSessionDep
 from app.models import utcnow
 from app.schemas.quarantine import QuarantineClear, QuarantineRead
 from app.services import quarantine as quarantine_service
 
-router = APIRouter(tags=["quarantines"])
+router = api_router(tags=["quarantines"])
 
 
 @router.get("/quarantines", response_model=list[QuarantineRead])

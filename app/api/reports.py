@@ -20,8 +20,9 @@ import logging
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, FastAPI, Query, Response
+from fastapi import FastAPI, Query, Response
 
+from app.routes import api_router, mount
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
 from app.db import run_in_transaction
 from app.models import utcnow
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 PRUNE_FIRST_DELAY_S = 300.0  # seconds after start-up before the first pruning attempt
 PRUNE_PERIOD_S = report_service.PRUNE_EVERY.total_seconds()
 
-router = APIRouter(tags=["reports"])
+router = api_router(tags=["reports"])
 
 UserQ = Annotated[str | None, Query(max_length=64, description="username (default: the caller)")]
 GroupQ = Annotated[str | None, Query(max_length=64, description="group name")]
@@ -92,6 +93,6 @@ def _report_prune(app: FastAPI) -> Callable[[bool], None]:
 def install(app: FastAPI, *, first_delay: float = PRUNE_FIRST_DELAY_S, period: float = PRUNE_PERIOD_S) -> None:
     """Mount the API route under ``/api/v1``; run the pruner inside the app's lifespan (after
     the engine exists, cancelled before it is disposed)."""
-    app.include_router(router, prefix="/api/v1")
+    mount(app, router)
     run_periodically(app, name="gpuroster-prune-history", what="pruning usage history", work=prune_once,
                      period=period, first_delay=first_delay, report=_report_prune(app))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
+from app.routes import api_router
 from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
 from app.schemas.common import Page
@@ -14,7 +15,7 @@ from app.schemas.reservation import ReservationCreate, ReservationRead, Reservat
 from app.services import reservations as svc
 from app.timeutil import parse_instant
 
-router = APIRouter(prefix="/reservations", tags=["reservations"])
+router = api_router("/reservations", tags=["reservations"])
 
 CONFLICT = {409: {"description": "conflict: names each conflicting reservation and the earliest free start"}}
 

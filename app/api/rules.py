@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import Query, Request, Response
 
+from app.routes import api_router
 from app.api.boosts import boost_read
 from app.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
@@ -43,7 +44,7 @@ from app.services import series as series_service
 from app.services import users as user_service
 from app.timeutil import parse_instant
 
-router = APIRouter()
+router = api_router()
 
 RULE_FIELDS = rules_service.LIMIT_FIELDS + ("note",)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 from sqlalchemy import select
 
+from app.routes import api_router
 from app.api.deps import AdminUser, CurrentUser, PageDep, RowId, SessionDep, WriteSessionDep, WriteUser
 from app.errors import Forbidden
 from app.models import ApiToken, User
@@ -22,7 +23,7 @@ from app.schemas.user import (
 from app.services import credentials
 from app.services import users as user_service
 
-router = APIRouter(tags=["users"])
+router = api_router(tags=["users"])
 
 
 def _user_read(session, u: User) -> UserRead:

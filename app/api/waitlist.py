@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
+from app.routes import api_router
 from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
 from app.api.idempotency import IdempotencyDep
 from app.errors import Forbidden, InvalidInput
@@ -15,7 +16,7 @@ from app.schemas.waitlist import WaitlistCreate, WaitlistRead
 from app.services import waitlist as svc
 from app.services import waitlist_serving
 
-router = APIRouter(prefix="/waitlist", tags=["waitlist"])
+router = api_router("/waitlist", tags=["waitlist"])
 
 
 def request_from(data: WaitlistCreate, *, now) -> svc.WaitRequest:

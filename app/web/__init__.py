@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.i18n import lazy_gettext as _l
 from app.errors import AppError, localize_instants
 from app.problems import validation_problem
+from app.routes import mount
 from app.web.deps import Viewer, cookie_user_resolver, viewer_for
 from app.web.render import is_htmx, page
 from app.web.routing import SignInRequired, routed_to_page
@@ -116,9 +117,8 @@ def install(app: FastAPI) -> None:
     from app.web import (admin, answer, approvals, auth, book, findings, mine, notify, now, oidc, profile, reports,
                          timeline, waitlist)
 
-    for router in (auth.router, oidc.router, now.router, timeline.router, book.router, mine.router, findings.router,
-                   admin.router, profile.router, notify.router, reports.router, approvals.router, waitlist.router,
-                   answer.router):
-        app.include_router(router)
+    mount(app, auth.router, oidc.router, now.router, timeline.router, book.router, mine.router, findings.router,
+          admin.router, profile.router, notify.router, reports.router, approvals.router, waitlist.router,
+          answer.router)
     app.state.cookie_user_resolver = cookie_user_resolver
     install_page_error_handlers(app)
