@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 
 import agent.main as agent_main
 from agent import memtrim
+from agent.client import ServiceClient, tls_verify
 from agent.containers import ContainerDirectory
 from agent.main import Agent
 from tests.agent.conftest import nvml_builder
@@ -74,3 +76,18 @@ def test_a_container_runtime_client_loads_no_ca_bundle(tmp_path):
     client = ContainerDirectory([sock], state_dirs=[])._client(sock)
     assert str(client.base_url).startswith("http://")  # plain HTTP over the socket: TLS never spoken
     assert client._transport._pool._ssl_context.cert_store_stats()["x509_ca"] == 0
+
+
+def test_a_service_client_loads_the_ca_bundle_only_where_tls_can_be_spoken(monkeypatch):
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+
+    def context(server: str) -> ssl.SSLContext:
+        return ServiceClient(server, "token")._client._transport._pool._ssl_context
+
+    plain = context("http://gpuroster.test")
+    assert plain.cert_store_stats()["x509_ca"] == 0
+    assert plain.verify_mode == ssl.CERT_REQUIRED and plain.check_hostname  # never unchecked TLS
+    assert context("https://gpuroster.test").cert_store_stats()["x509_ca"] > 0
+    monkeypatch.setenv("HTTPS_PROXY", "https://proxy.test:3128")  # a proxy may speak TLS: the bundle again
+    assert tls_verify("http://gpuroster.test") is True
