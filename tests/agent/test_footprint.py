@@ -28,6 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 # refused (agent/httpx_lean.py), and the service's packages are not installed on GPU hosts.
 NOT_IN_THE_AGENT = {"rich", "click", "pygments", "typer", "fastapi", "starlette", "sqlalchemy", "jinja2", "babel",
                     "app", "httpx._main"}
+# pydantic_settings imports asyncio for async CLI commands only; agent/settings_lean.py keeps it
+# (and concurrent.futures, which only asyncio brought) out until something reads from it.
+NOT_IMPORTED_AT_START = {"asyncio", "concurrent", "_asyncio"}
 
 CHILD = """
 import json, sys
@@ -53,6 +56,22 @@ def test_a_start_and_poll_of_the_agent_load_no_cli_or_service_packages(tmp_path)
     assert '"host": "footprint"' in out.stdout  # the snapshot was built and printed
     assert {"httpx", "pydantic_settings", "agent.collect"} <= modules  # the real wiring ran
     assert {m for m in modules if m.split(".")[0] in NOT_IN_THE_AGENT or m in NOT_IN_THE_AGENT} == set()
+    assert {m for m in modules if m.split(".")[0] in NOT_IMPORTED_AT_START} == set()
+
+
+def test_pydantic_settings_gets_the_real_asyncio_on_first_use_and_others_import_it_as_usual():
+    code = """
+import sys
+import agent.config
+import pydantic_settings.main as ps
+assert "asyncio" not in sys.modules, "asyncio loaded at import"
+run = ps.asyncio.run  # the first read imports the real module
+import asyncio
+assert run is asyncio.run and sys.modules["asyncio"] is asyncio and asyncio.__spec__ is not None
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 def test_the_loop_trims_the_heap_after_the_first_poll_and_every_trim_every_polls(tmp_path, monkeypatch):
