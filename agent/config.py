@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent.settings_lean import pydantic_settings  # pydantic_settings without loading asyncio
+
+BaseSettings = pydantic_settings.BaseSettings
+InitSettingsSource = pydantic_settings.InitSettingsSource
+PydanticBaseSettingsSource = pydantic_settings.PydanticBaseSettingsSource
+SettingsConfigDict = pydantic_settings.SettingsConfigDict
 
 DEFAULT_CONFIG = Path("/etc/gpuroster/agent.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/gpuroster-agent")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from agent.procid import stat_fields
+from agent.procid import read_stat, stat_fields
 from agent.schema import DeviceReport, ProcessReport, Snapshot
 
 UNLISTED_MIB = 512.0  # above an idle GPU's baseline (driver context, display) with either memory structure
@@ -47,7 +47,7 @@ class ProcStat:
 def read_proc_stat(pid: int, proc: Path = Path("/proc")) -> ProcStat | None:
     """``/proc/PID/stat`` fields 3 (state) and 22 (starttime); ``None`` when gone or unreadable."""
     try:
-        _comm, state, ticks = stat_fields((proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace"))
+        _comm, state, ticks = stat_fields(read_stat(pid, proc))
     except (OSError, ValueError):
         return None
     return ProcStat(state, ticks)
