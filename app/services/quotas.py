@@ -1,7 +1,14 @@
 """The quantities that sharing rules limit: the owner's reservation rows, the peak of
-overlapping intervals (devices or reservations held at once), device-hours inside a window,
-and the lab-zone quota windows ``[00:00 of day D, 00:00 of day D+7)``; plus how limits and
-times are worded in refusals. Pure functions except :func:`owner_rows` (one query).
+overlapping intervals (devices or reservations held at once), the owner's device-hours inside
+windows, and the lab-zone quota windows ``[00:00 of day D, 00:00 of day D+7)``; plus how limits
+and times are worded in refusals. Pure functions except :func:`owner_rows` and
+:func:`window_hours` (one query each).
+
+Device-hours are summed by the database (:func:`window_hours`), every window in one
+statement: the GPU-hour limits (the rolling 7 days, calendar day, week and month) and the Usage
+page read them there, so a handful of numbers reach Python however many reservations the owner
+holds in the windows (the database still reads those rows, through the ``(user_id, end_at)``
+index).
 """
 
 from __future__ import annotations
@@ -9,41 +16,141 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import select
+from sqlalchemy import BigInteger, ColumnElement, func, literal, select
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from app.models import Reservation, ReservationDevice, utcnow
 
 WINDOW_DAYS = 7  # the rolling GPU-hour quota window, in calendar days of the lab zone
 
 
-def owner_rows(
-    session: Session, *, owner_id: int, start: datetime, end: datetime, exclude_id: int | None
-) -> list[tuple[int, datetime, datetime]]:
-    """(reservation id, start, end) per reserved device of the owner's active reservations
-    overlapping ``[start, end)``.
+def _owned(owner_id: int, start: datetime, end: datetime, exclude_id: int | None) -> list[ColumnElement[bool]]:
+    """What counts against the owner's limits over ``[start, end)``: the active reserved devices
+    of the owner's reservations that are not cancelled (nor ``exclude_id``) and overlap it.
 
     A reserved device's interval is always its reservation's (set together on create,
     change and release), so the reservation's own ``end_at`` bounds the read too: it lets
     the ``(user_id, end_at)`` index skip the owner's past history.
     """
+    where = [
+        Reservation.user_id == owner_id,
+        Reservation.end_at > start,
+        Reservation.status != "cancelled",
+        ReservationDevice.active.is_(True),
+        ReservationDevice.start_at < end,
+        ReservationDevice.end_at > start,
+    ]
+    if exclude_id is not None:
+        where.append(ReservationDevice.reservation_id != exclude_id)
+    return where
+
+
+def owner_rows(
+    session: Session, *, owner_id: int, start: datetime, end: datetime, exclude_id: int | None
+) -> list[tuple[int, datetime, datetime]]:
+    """(reservation id, start, end) per reserved device of the owner's active reservations
+    overlapping ``[start, end)`` (see :func:`_owned`)."""
     q = (
         select(ReservationDevice.reservation_id, ReservationDevice.start_at, ReservationDevice.end_at)
         .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .where(
-            Reservation.user_id == owner_id,
-            Reservation.end_at > start,
-            Reservation.status != "cancelled",
-            ReservationDevice.active.is_(True),
-            ReservationDevice.start_at < end,
-            ReservationDevice.end_at > start,
-        )
+        .where(*_owned(owner_id, start, end, exclude_id))
     )
-    if exclude_id is not None:
-        q = q.where(ReservationDevice.reservation_id != exclude_id)
     return [(rid, s, e) for rid, s, e in session.execute(q).all()]
+
+
+class _epoch_us(FunctionElement[int]):
+    """Microseconds since 1970-01-01 00:00 UTC of a UTC timestamp column, an exact integer."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(_epoch_us, "postgresql")
+def _epoch_us_pg(element: _epoch_us, compiler: SQLCompiler, **kw: Any) -> str:
+    # EXTRACT returns numeric since PostgreSQL 14: exact to the microsecond
+    return f"CAST(EXTRACT(EPOCH FROM {compiler.process(element.clauses, **kw)}) * 1000000 AS BIGINT)"
+
+
+@compiles(_epoch_us, "sqlite")
+def _epoch_us_sqlite(element: _epoch_us, compiler: SQLCompiler, **kw: Any) -> str:
+    # stored as 'YYYY-MM-DD HH:MM:SS[.ffffff]' (UTC): whole seconds from the first 19 characters
+    # (strftime would round a fraction to milliseconds first), microseconds from the rest
+    x = compiler.process(element.clauses, **kw)
+    return (f"(CAST(strftime('%s', substr({x}, 1, 19)) AS INTEGER) * 1000000"
+            f" + CAST(substr({x}, 21, 6) AS INTEGER))")
+
+
+class _least(FunctionElement[int]):
+    type = BigInteger()
+    inherit_cache = True
+
+
+class _greatest(FunctionElement[int]):
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(_least)
+def _least_default(element: _least, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"LEAST({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_greatest)
+def _greatest_default(element: _greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"GREATEST({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_least, "sqlite")
+def _least_sqlite(element: _least, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"min({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_greatest, "sqlite")
+def _greatest_sqlite(element: _greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US_PER_HOUR = 3_600_000_000
+
+
+def _us(t: datetime) -> int:
+    return (t - _EPOCH) // timedelta(microseconds=1)
+
+
+def window_hours(
+    session: Session, *, owner_id: int, windows: Sequence[tuple[datetime, datetime]], exclude_id: int | None
+) -> dict[tuple[datetime, datetime], float]:
+    """The owner's device-hours (real elapsed time) inside each window ``[ws, we)`` (aware UTC):
+    for every active reserved device of the owner's reservations (:func:`_owned`, less
+    ``exclude_id``), the part of its interval inside the window, summed. One statement for all
+    the windows, returning one number each (the database sums exact microseconds); ``{}``
+    without windows. Keyed by ``(ws, we)``; a repeated window is read once.
+    """
+    keys = list(dict.fromkeys(windows))
+    if not keys:
+        return {}
+    lo, hi = min(ws for ws, _ in keys), max(we for _, we in keys)
+    held = (
+        select(_epoch_us(ReservationDevice.start_at).label("s"), _epoch_us(ReservationDevice.end_at).label("e"))
+        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
+        .where(*_owned(owner_id, lo, hi, exclude_id))
+        .subquery()
+    )
+    zero = literal(0, BigInteger)
+    sums = [
+        func.coalesce(func.sum(_greatest(zero, _least(held.c.e, literal(_us(we), BigInteger))
+                                         - _greatest(held.c.s, literal(_us(ws), BigInteger)))), zero)
+        for ws, we in keys
+    ]
+    got = session.execute(select(*sums)).one()
+    return {k: int(us) / _US_PER_HOUR for k, us in zip(keys, got)}
 
 
 @dataclass(frozen=True)
@@ -94,16 +201,6 @@ def lab_midnight(day: date, tz: ZoneInfo) -> datetime:
 def quota_window(day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
     """The 7-day GPU-hour window starting on ``day``: ``[00:00 day, 00:00 day+7)`` in ``tz``."""
     return lab_midnight(day, tz), lab_midnight(day + timedelta(days=WINDOW_DAYS), tz)
-
-
-def device_hours(rows: Sequence[tuple[int, datetime, datetime]], ws: datetime, we: datetime) -> float:
-    """Device-hours (real elapsed) of ``rows`` inside ``[ws, we)``."""
-    total = 0.0
-    for _rid, s, e in rows:
-        overlap = (min(e, we) - max(s, ws)).total_seconds()
-        if overlap > 0:
-            total += overlap
-    return total / 3600.0
 
 
 def fmt_local(dt: datetime, tz: ZoneInfo, now: datetime | None = None) -> str:
