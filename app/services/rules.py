@@ -306,9 +306,11 @@ def check_limits(
 
     # every GPU-hour window the added time touches, read in one statement: for the rolling
     # limit, the seven lab days ending on each day from the first added one to the last
-    first = added.astimezone(tz).date() - timedelta(days=WINDOW_DAYS - 1)
-    last = (end - timedelta(microseconds=1)).astimezone(tz).date()
-    days = [first + timedelta(days=i) for i in range((last - first).days + 1)] if max_gpuh is not None else []
+    days = []
+    if max_gpuh is not None:  # only then: an end in year 9999 has no lab date
+        first = added.astimezone(tz).date() - timedelta(days=WINDOW_DAYS - 1)
+        last = (end - timedelta(microseconds=1)).astimezone(tz).date()
+        days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
     cal = {name: limits[name].value for name in CALENDAR_LIMITS}
     cal_windows = [(w.start, w.end) for ws in calendar_quotas.windows(cal, added, end, tz).values() for w in ws]
     hours = window_hours(session, owner_id=owner.id, windows=[quota_window(d, tz) for d in days] + cal_windows,
