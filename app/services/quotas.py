@@ -15,28 +15,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import BigInteger, ColumnElement, func, literal, select
+from sqlalchemy import BigInteger, ColumnElement, Select, bindparam, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.models import Reservation, ReservationDevice, utcnow
+from app.models.base import UTCDateTime
 
 WINDOW_DAYS = 7  # the rolling GPU-hour quota window, in calendar days of the lab zone
 
 
-def _owned(owner_id: int, start: datetime, end: datetime, exclude_id: int | None) -> list[ColumnElement[bool]]:
+def _owned(owner_id: Any, start: Any, end: Any, exclude_id: Any) -> list[ColumnElement[bool]]:
     """What counts against the owner's limits over ``[start, end)``: the active reserved devices
     of the owner's reservations that are not cancelled (nor ``exclude_id``) and overlap it.
 
     A reserved device's interval is always its reservation's (set together on create,
     change and release), so the reservation's own ``end_at`` bounds the read too: it lets
-    the ``(user_id, end_at)`` index skip the owner's past history.
+    the ``(user_id, end_at)`` index skip the owner's past history. Values or bound parameters.
     """
     where = [
         Reservation.user_id == owner_id,
@@ -64,64 +66,67 @@ def owner_rows(
     return [(rid, s, e) for rid, s, e in session.execute(q).all()]
 
 
-class _epoch_us(FunctionElement[int]):
-    """Microseconds since 1970-01-01 00:00 UTC of a UTC timestamp column, an exact integer."""
+class _instant(FunctionElement[Any]):
+    """A UTC timestamp as the window sums compare it: itself on PostgreSQL, on SQLite (where it is
+    stored as ``'YYYY-MM-DD HH:MM:SS[.ffffff]'``) the exact integer microseconds since 1970."""
 
-    type = BigInteger()
     inherit_cache = True
 
 
-@compiles(_epoch_us, "postgresql")
-def _epoch_us_pg(element: _epoch_us, compiler: SQLCompiler, **kw: Any) -> str:
-    # EXTRACT returns numeric since PostgreSQL 14: exact to the microsecond
-    return f"CAST(EXTRACT(EPOCH FROM {compiler.process(element.clauses, **kw)}) * 1000000 AS BIGINT)"
+@compiles(_instant)
+def _instant_default(element: _instant, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
 
 
-@compiles(_epoch_us, "sqlite")
-def _epoch_us_sqlite(element: _epoch_us, compiler: SQLCompiler, **kw: Any) -> str:
-    # stored as 'YYYY-MM-DD HH:MM:SS[.ffffff]' (UTC): whole seconds from the first 19 characters
-    # (strftime would round a fraction to milliseconds first), microseconds from the rest
+@compiles(_instant, "sqlite")
+def _instant_sqlite(element: _instant, compiler: SQLCompiler, **kw: Any) -> str:
+    # whole seconds from the first 19 characters (strftime would round a fraction to
+    # milliseconds first), microseconds from the rest
     x = compiler.process(element.clauses, **kw)
-    return (f"(CAST(strftime('%s', substr({x}, 1, 19)) AS INTEGER) * 1000000"
-            f" + CAST(substr({x}, 21, 6) AS INTEGER))")
+    return f"(CAST(strftime('%s', substr({x}, 1, 19)) AS INTEGER) * 1000000 + CAST(substr({x}, 21, 6) AS INTEGER))"
 
 
-class _least(FunctionElement[int]):
+class _clipped_us(FunctionElement[int]):
+    """``_clipped_us(s, e, ws, we)``: the sum over the rows of ``[s, e)`` inside ``[ws, we)``
+    (:class:`_instant` values), in exact integer microseconds (0 without rows)."""
+
     type = BigInteger()
     inherit_cache = True
 
 
-class _greatest(FunctionElement[int]):
-    type = BigInteger()
-    inherit_cache = True
+@compiles(_clipped_us)
+def _clipped_us_default(element: _clipped_us, compiler: SQLCompiler, **kw: Any) -> str:
+    # timestamp arithmetic: intervals are exact integers (days and microseconds) and cheap,
+    # the one EXTRACT (numeric since PostgreSQL 14) is done once per window
+    s, e, ws, we = (compiler.process(c, **kw) for c in element.clauses)
+    return (f"CAST(EXTRACT(EPOCH FROM COALESCE(SUM(GREATEST(LEAST({e}, {we}) - GREATEST({s}, {ws}), INTERVAL '0')), "
+            f"INTERVAL '0')) * 1000000 AS BIGINT)")
 
 
-@compiles(_least)
-def _least_default(element: _least, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"LEAST({compiler.process(element.clauses, **kw)})"
+@compiles(_clipped_us, "sqlite")
+def _clipped_us_sqlite(element: _clipped_us, compiler: SQLCompiler, **kw: Any) -> str:
+    s, e, ws, we = (compiler.process(c, **kw) for c in element.clauses)
+    return f"COALESCE(SUM(max(0, min({e}, {we}) - max({s}, {ws}))), 0)"
 
 
-@compiles(_greatest)
-def _greatest_default(element: _greatest, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"GREATEST({compiler.process(element.clauses, **kw)})"
+@lru_cache(maxsize=64)
+def _window_sums(windows: int, exclude: bool) -> Select[Any]:
+    """The statement of :func:`window_hours` for ``windows`` windows (parameters ``owner_id``,
+    ``lo``, ``hi``, ``exclude_id``, ``ws<i>``, ``we<i>``), built once per shape: building it
+    costs more than running it."""
+    when = UTCDateTime()
+    held = (
+        select(_instant(ReservationDevice.start_at).label("s"), _instant(ReservationDevice.end_at).label("e"))
+        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
+        .where(*_owned(bindparam("owner_id"), bindparam("lo", type_=when), bindparam("hi", type_=when),
+                       bindparam("exclude_id") if exclude else None))
+        .subquery()
+    )
+    return select(*(_clipped_us(held.c.s, held.c.e, _instant(bindparam(f"ws{i}", type_=when)),
+                                _instant(bindparam(f"we{i}", type_=when))) for i in range(windows)))
 
 
-@compiles(_least, "sqlite")
-def _least_sqlite(element: _least, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"min({compiler.process(element.clauses, **kw)})"
-
-
-@compiles(_greatest, "sqlite")
-def _greatest_sqlite(element: _greatest, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"max({compiler.process(element.clauses, **kw)})"
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US_PER_HOUR = 3_600_000_000
-
-
-def _us(t: datetime) -> int:
-    return (t - _EPOCH) // timedelta(microseconds=1)
 
 
 def window_hours(
@@ -136,20 +141,11 @@ def window_hours(
     keys = list(dict.fromkeys(windows))
     if not keys:
         return {}
-    lo, hi = min(ws for ws, _ in keys), max(we for _, we in keys)
-    held = (
-        select(_epoch_us(ReservationDevice.start_at).label("s"), _epoch_us(ReservationDevice.end_at).label("e"))
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .where(*_owned(owner_id, lo, hi, exclude_id))
-        .subquery()
-    )
-    zero = literal(0, BigInteger)
-    sums = [
-        func.coalesce(func.sum(_greatest(zero, _least(held.c.e, literal(_us(we), BigInteger))
-                                         - _greatest(held.c.s, literal(_us(ws), BigInteger)))), zero)
-        for ws, we in keys
-    ]
-    got = session.execute(select(*sums)).one()
+    params: dict[str, Any] = {"owner_id": owner_id, "lo": min(ws for ws, _ in keys), "hi": max(we for _, we in keys),
+                              "exclude_id": exclude_id}
+    for i, (ws, we) in enumerate(keys):
+        params[f"ws{i}"], params[f"we{i}"] = ws, we
+    got = session.execute(_window_sums(len(keys), exclude_id is not None), params).one()
     return {k: int(us) / _US_PER_HOUR for k, us in zip(keys, got)}
 
 
