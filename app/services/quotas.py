@@ -20,12 +20,14 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import BigInteger, ColumnElement, Select, bindparam, select
+from sqlalchemy import BigInteger, ColumnElement, Dialect, Select, TypeDecorator, bindparam, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeEngine
 
+from app.db import is_sqlite
 from app.models import Reservation, ReservationDevice, utcnow
 from app.models.base import UTCDateTime
 
@@ -109,21 +111,42 @@ def _clipped_us_sqlite(element: _clipped_us, compiler: SQLCompiler, **kw: Any) -
     return f"COALESCE(SUM(max(0, min({e}, {we}) - max({s}, {ws}))), 0)"
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _InstantParam(TypeDecorator[datetime]):
+    """A window bound (aware UTC) sent as :class:`_instant` compares it: a timestamp on PostgreSQL,
+    integer microseconds since 1970 on SQLite."""
+
+    impl = UTCDateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(BigInteger() if dialect.name == "sqlite" else UTCDateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None or dialect.name != "sqlite":
+            return value
+        return (value - _EPOCH) // timedelta(microseconds=1)
+
+
 @lru_cache(maxsize=64)
-def _window_sums(windows: int, exclude: bool) -> Select[Any]:
+def _window_sums(windows: int, exclude: bool, sqlite: bool) -> Select[Any]:
     """The statement of :func:`window_hours` for ``windows`` windows (parameters ``owner_id``,
     ``lo``, ``hi``, ``exclude_id``, ``ws<i>``, ``we<i>``), built once per shape: building it
     costs more than running it."""
-    when = UTCDateTime()
+    when, bound = UTCDateTime(), _InstantParam()
     held = (
         select(_instant(ReservationDevice.start_at).label("s"), _instant(ReservationDevice.end_at).label("e"))
         .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
         .where(*_owned(bindparam("owner_id"), bindparam("lo", type_=when), bindparam("hi", type_=when),
                        bindparam("exclude_id") if exclude else None))
-        .subquery()
     )
-    return select(*(_clipped_us(held.c.s, held.c.e, _instant(bindparam(f"ws{i}", type_=when)),
-                                _instant(bindparam(f"we{i}", type_=when))) for i in range(windows)))
+    if sqlite:  # keep the rows apart from the sums, or SQLite converts each row's times once per window
+        held = held.offset(0)
+    held = held.subquery()
+    return select(*(_clipped_us(held.c.s, held.c.e, bindparam(f"ws{i}", type_=bound), bindparam(f"we{i}", type_=bound))
+                    for i in range(windows)))
 
 
 _US_PER_HOUR = 3_600_000_000
@@ -145,7 +168,7 @@ def window_hours(
                               "exclude_id": exclude_id}
     for i, (ws, we) in enumerate(keys):
         params[f"ws{i}"], params[f"we{i}"] = ws, we
-    got = session.execute(_window_sums(len(keys), exclude_id is not None), params).one()
+    got = session.execute(_window_sums(len(keys), exclude_id is not None, is_sqlite(session)), params).one()
     return {k: int(us) / _US_PER_HOUR for k, us in zip(keys, got)}
 
 
