@@ -4,8 +4,9 @@ and a calendar month, with boundaries at midnight in the lab time zone.
 A window is real elapsed time between two lab midnights, so a day is 23 h or 25 h on a DST
 change and the week or month holding it is one hour shorter or longer. A booking that spans
 a boundary is charged to each window by the device-hours that fall inside it. Every window
-a request touches must stay within its limit; :func:`breaches` names the first one that
-does not, per limit, with what is used in it and what is left.
+a request touches must stay within its limit (:func:`windows`); :func:`breaches` names the
+first one that does not, per limit, with what is used in it (the owner's device-hours there,
+:func:`app.services.quotas.window_hours`) and what is left.
 
 Used by :func:`app.services.rules.check_limits` (refusals) and
 :mod:`app.services.limit_usage` (the current window of each limit).
@@ -13,12 +14,12 @@ Used by :func:`app.services.rules.check_limits` (refusals) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from app.services.quotas import device_hours, fmt_hours, lab_midnight
+from app.services.quotas import fmt_hours, lab_midnight
 
 #: rule field -> window kind
 CALENDAR_LIMITS = {"max_gpu_hours_day": "day", "max_gpu_hours_week": "week", "max_gpu_hours_month": "month"}
@@ -93,19 +94,15 @@ class Breach:
                 f"{fmt_hours(self.left)} left")
 
 
-def span(limits: dict[str, float | None], added: datetime, end: datetime, tz: ZoneInfo) -> tuple[datetime, datetime] | None:
-    """The instants to read the owner's reservations over: from the start of the first window
-    that ``[added, end)`` touches to the end of the last, for every limit set; ``None`` when
-    no calendar limit is set."""
-    bounds = [windows_touching(CALENDAR_LIMITS[name], added, end, tz) for name, v in limits.items() if v is not None]
-    bounds = [w for w in bounds if w]
-    if not bounds:
-        return None
-    return min(w[0].start for w in bounds), max(w[-1].end for w in bounds)
+def windows(limits: dict[str, float | None], added: datetime, end: datetime,
+            tz: ZoneInfo) -> dict[str, list[CalendarWindow]]:
+    """Per calendar limit set in ``limits`` (field -> GPU-hours, ``None`` = not set), the windows
+    that the added time ``[added, end)`` touches, in order: those a request must be checked in."""
+    return {name: windows_touching(CALENDAR_LIMITS[name], added, end, tz) for name, v in limits.items() if v is not None}
 
 
 def breaches(
-    rows: Sequence[tuple[int, datetime, datetime]],
+    used: Mapping[tuple[datetime, datetime], float],
     *,
     limits: dict[str, float | None],
     devices: int,
@@ -118,21 +115,22 @@ def breaches(
     ``None`` = not set) for a request of ``devices`` over ``[start, end)``, of which
     ``[added, end)`` is new (a change: the old end to the new one; a booking: all of it).
 
-    ``rows`` are the owner's other reservations' ``(reservation id, start, end)`` per device
-    (:func:`app.services.quotas.owner_rows` over :func:`span`). Windows the added time does
-    not touch are not re-checked.
+    ``used`` holds the owner's other reservations' device-hours in every window of
+    :func:`windows` (keyed by ``(window start, window end)``, UTC;
+    :func:`app.services.quotas.window_hours`). Windows the added time does not touch are not
+    re-checked.
     """
     out: list[Breach] = []
-    for name, limit in limits.items():
-        if limit is None:
-            continue
-        for w in windows_touching(CALENDAR_LIMITS[name], added, end, tz):
+    for name, touched in windows(limits, added, end, tz).items():
+        limit = limits[name]
+        assert limit is not None
+        for w in touched:
             needed = devices * max(0.0, (min(end, w.end) - max(start, w.start)).total_seconds()) / 3600.0
-            used = device_hours(rows, w.start, w.end)
-            if needed > 0 and used + needed > limit + _EPS:
-                out.append(Breach(name, w, float(limit), round(used, 4), round(needed, 4)))
+            u = used[(w.start, w.end)]
+            if needed > 0 and u + needed > limit + _EPS:
+                out.append(Breach(name, w, float(limit), round(u, 4), round(needed, 4)))
                 break
     return out
 
 
-__all__ = ["Breach", "CALENDAR_LIMITS", "CalendarWindow", "breaches", "span", "window_of", "windows_touching"]
+__all__ = ["Breach", "CALENDAR_LIMITS", "CalendarWindow", "breaches", "window_of", "windows", "windows_touching"]

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from app.models import User
 from app.services import boosts as boost_service
 from app.services.calendar_quotas import CALENDAR_LIMITS, CalendarWindow, window_of
-from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, owner_rows, quota_window
+from app.services.quotas import WINDOW_DAYS, fmt_hours, owner_rows, quota_window, window_hours
 from app.services.rules import LIST_LIMITS, resolve_limits
 from app.i18n import N_, current_locale, format_day, format_local, gettext, when_text
 from app.timeutil import fmt_duration
@@ -64,8 +64,11 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
     held = len(rows_now)
     until = min((e for _r, _s, e in rows_now), default=None)
     res_now = len({rid for rid, _s, _e in rows_now})
-    window_rows = owner_rows(session, owner_id=user.id, start=ws, end=we, exclude_id=None)
-    hours = device_hours(window_rows, ws, we)
+    calendar = {name: window_of(kind, today, tz) for name, kind in CALENDAR_LIMITS.items()}
+    # the rolling window and the calendar ones in one statement, as the validator reads them
+    booked = window_hours(session, owner_id=user.id, windows=[(ws, we)] + [(w.start, w.end) for w in calendar.values()],
+                          exclude_id=None)
+    hours = booked[(ws, we)]
 
     def left(lim: Any, used: float) -> Any:
         return None if lim is None else max(0, lim - used)
@@ -84,11 +87,9 @@ def usage(session: Session, *, user: User, now: datetime, tz: ZoneInfo) -> dict[
                            gettext("%(hours)s GPU-hours booked %(start)s – %(end)s (%(zone)s)", hours=fmt_hours(hours),
                                    start=_day(ws.astimezone(tz).date()), end=_day((we - timedelta(seconds=1)).astimezone(tz).date()),
                                    zone=tz.key)))
-    for name, kind in CALENDAR_LIMITS.items():
+    for name, w in calendar.items():
         lim = limits[name]
-        w = window_of(kind, today, tz)
-        used = device_hours(owner_rows(session, owner_id=user.id, start=w.start, end=w.end, exclude_id=None),
-                            w.start, w.end)
+        used = booked[(w.start, w.end)]
         items.append(UsageItem(name, lim.value, round(used, 4), None if lim.value is None else
                                round(max(0.0, lim.value - used), 4), "GPU-hours", lim.scope,
                                gettext("%(hours)s GPU-hours booked in %(window)s (%(length)s h long)", hours=fmt_hours(used),

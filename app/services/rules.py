@@ -14,7 +14,8 @@ Quantities:
 * GPU-hours per rolling 7 days: device-hours (real elapsed time, so 23 h and 25 h days are
   charged as such) of the owner's reservations inside a window of seven calendar days in
   the lab time zone, ``[00:00 of day D, 00:00 of day D+7)``; every window that the request
-  touches must stay within the limit, so for every day the seven days ending on it do;
+  touches must stay within the limit, so for every day the seven days ending on it do (the
+  database sums every window in one statement, :func:`app.services.quotas.window_hours`);
 * GPU-hours per calendar day, ISO week and month: device-hours inside each such window in the
   lab time zone that the request touches (:mod:`app.services.calendar_quotas`);
 * reservation length and how far ahead: of the request itself (``start - now``).
@@ -55,7 +56,8 @@ from app import timeutil
 from app.services import calendar_quotas
 from app.services.boost_limits import apply_boosts
 from app.services.calendar_quotas import CALENDAR_LIMITS
-from app.services.quotas import WINDOW_DAYS, device_hours, fmt_hours, fmt_local, owner_rows, peak, quota_window
+from app.services.quotas import (WINDOW_DAYS, fmt_hours, fmt_local, owner_rows, peak, quota_window,
+                                 window_hours)
 from app.timeutil import fmt_duration
 
 NUMERIC_LIMITS = (
@@ -302,35 +304,33 @@ def check_limits(
                   f"{fmt_local(p.until or end, tz, now)}, {max(0, max_conc - p.value)} left",
                   used=p.value, left=max(0, max_conc - p.value), until=p.until)
 
-    if max_gpuh is not None:
+    # every GPU-hour window the added time touches, read in one statement: for the rolling
+    # limit, the seven lab days ending on each day from the first added one to the last
+    days = []
+    if max_gpuh is not None:  # only then: an end in year 9999 has no lab date
         first = added.astimezone(tz).date() - timedelta(days=WINDOW_DAYS - 1)
         last = (end - timedelta(microseconds=1)).astimezone(tz).date()
-        span_start, _ = quota_window(first, tz)
-        _, span_end = quota_window(last, tz)
-        rows = owner_rows(session, owner_id=owner.id, start=span_start, end=span_end, exclude_id=exclude)
-        day = first
-        while day <= last:
-            ws, we = quota_window(day, tz)
-            used = device_hours(rows, ws, we)
-            new = len(devices) * max(0.0, (min(end, we) - max(start, ws)).total_seconds()) / 3600.0
-            if new > 0 and used + new > max_gpuh + _EPS:
-                shown_end = day + timedelta(days=WINDOW_DAYS - 1)
-                v("max_gpu_hours_7d",
-                  f"this needs {fmt_hours(new)} GPU-hours; in the 7 days {day:%a %d %b} – {shown_end:%a %d %b %Y} "
-                  f"({tz.key}) you have {fmt_hours(used)} of {fmt_hours(max_gpuh)} GPU-hours booked, "
-                  f"{fmt_hours(max(0.0, max_gpuh - used))} left",
-                  used=round(used, 4), left=round(max(0.0, max_gpuh - used), 4),
-                  extra={"window": {"start": ws.isoformat(), "end": we.isoformat()}, "requested": round(new, 4)})
-                break
-            day += timedelta(days=1)
+        days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
     cal = {name: limits[name].value for name in CALENDAR_LIMITS}
-    cal_span = calendar_quotas.span(cal, added, end, tz)
-    if cal_span is not None:
-        rows = owner_rows(session, owner_id=owner.id, start=cal_span[0], end=cal_span[1], exclude_id=exclude)
-        for b in calendar_quotas.breaches(rows, limits=cal, devices=len(devices), start=start, end=end, added=added,
-                                          tz=tz):
-            v(b.rule, b.sentence(tz), used=b.used, left=round(b.left, 4),
-              extra={"window": b.window.as_dict(), "requested": b.needed})
+    cal_windows = [(w.start, w.end) for ws in calendar_quotas.windows(cal, added, end, tz).values() for w in ws]
+    hours = window_hours(session, owner_id=owner.id, windows=[quota_window(d, tz) for d in days] + cal_windows,
+                         exclude_id=exclude)
+    for day in days:
+        ws, we = quota_window(day, tz)
+        used = hours[(ws, we)]
+        new = len(devices) * max(0.0, (min(end, we) - max(start, ws)).total_seconds()) / 3600.0
+        if new > 0 and used + new > max_gpuh + _EPS:
+            shown_end = day + timedelta(days=WINDOW_DAYS - 1)
+            v("max_gpu_hours_7d",
+              f"this needs {fmt_hours(new)} GPU-hours; in the 7 days {day:%a %d %b} – {shown_end:%a %d %b %Y} "
+              f"({tz.key}) you have {fmt_hours(used)} of {fmt_hours(max_gpuh)} GPU-hours booked, "
+              f"{fmt_hours(max(0.0, max_gpuh - used))} left",
+              used=round(used, 4), left=round(max(0.0, max_gpuh - used), 4),
+              extra={"window": {"start": ws.isoformat(), "end": we.isoformat()}, "requested": round(new, 4)})
+            break
+    for b in calendar_quotas.breaches(hours, limits=cal, devices=len(devices), start=start, end=end, added=added, tz=tz):
+        v(b.rule, b.sentence(tz), used=b.used, left=round(b.left, 4),
+          extra={"window": b.window.as_dict(), "requested": b.needed})
     return out
 
 
