@@ -49,9 +49,21 @@ def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
+def _item(error: dict[str, Any]) -> dict[str, str]:
+    """One invalid field of a validation error. A body that is not JSON at all is the field
+    ``body``: the parser's location is a character offset, which names no field."""
+    loc = error.get("loc", ())
+    if error.get("type") == "json_invalid":
+        where = loc[-1] if loc and isinstance(loc[-1], int) else None
+        reason = (error.get("ctx") or {}).get("error") or "invalid JSON"
+        at = f" at character {where}" if where is not None else ""
+        return {"field": "body", "message": f"not valid JSON{at}: {reason}"}
+    return {"field": _field_of(loc), "message": error.get("msg", "invalid")}
+
+
 def validation_problem(errors: list[dict[str, Any]], instance: str | None = None) -> dict[str, Any]:
     """422 problem document listing each invalid field (``errors[].field`` and message)."""
-    items = [{"field": _field_of(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in errors]
+    items = [_item(e) for e in errors]
     detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:5])
     doc = {"type": "/problems/validation", "title": "Invalid input", "status": 422, "detail": detail, "errors": items}
     if instance:

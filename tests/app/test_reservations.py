@@ -48,6 +48,13 @@ def test_overlapping_booking_gets_409_naming_conflict_and_earliest_free(client, 
     assert "alice" in doc["detail"]
 
 
+def test_a_body_that_is_not_json_is_a_422_naming_the_body_not_a_character_offset(client, lab):
+    r = client.post("/api/v1/reservations", content=b'{"host":', headers={**lab.alice.headers, "Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["errors"] == [{"field": "body", "message": "not valid JSON at character 8: Expecting value"}]
+    assert r.json()["detail"] == "body: not valid JSON at character 8: Expecting value"
+
+
 def test_times_without_offset_zero_length_inverted_and_past_get_422(client, lab):
     s = future(3)
     assert book(client, lab.alice, [0], s.replace(tzinfo=None).isoformat()).json()["field"] == "start"
