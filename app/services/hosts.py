@@ -48,6 +48,12 @@ def update_host(session: Session, *, actor: User, name: str, changes: dict[str, 
     return host
 
 
+def replay_host_names(session: Session) -> frozenset[str]:
+    """Names of the hosts whose agent replays bundled captures instead of reading live GPUs
+    (``source == "replay"``): every page that lists hosts marks them."""
+    return frozenset(session.scalars(select(Host.name).where(Host.source == "replay")))
+
+
 def get_host(session: Session, name: str) -> Host:
     host = session.scalar(select(Host).where(Host.name == name))
     if host is None:

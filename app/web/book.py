@@ -224,6 +224,7 @@ def form_context(
     default_start = now.astimezone(settings.tz).replace(second=0, microsecond=0) + timedelta(minutes=15 - now.astimezone(settings.tz).minute % 15)
     return {
         "viewer": viewer, "active": "book", "form": form, "hosts": hosts, "device_rows": rows,
+        "replay_hosts": host_service.replay_host_names(session),
         "placement": placement_available(), "default_start": default_start.strftime("%Y-%m-%dT%H:%M"), "now": now,
         "idempotency_key": new_form_key(),
     }

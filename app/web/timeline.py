@@ -25,6 +25,7 @@ from app.api.deps import SessionDep, SettingsDep
 from app.errors import InvalidInput
 from app.models import Device, DeviceQuarantine, Host, utcnow
 from app.services import conflicts as conflict_service
+from app.services import hosts as host_service
 from app.services.devices import device_label
 from app.services.quarantined import open_by_device, quarantine_of
 from app.web.deps import PageViewer
@@ -118,6 +119,7 @@ class Timeline:
     end: datetime
     columns: list[Column]
     hosts: list[tuple[str, list[Row]]]
+    replay: frozenset[str]  # host names whose telemetry is replayed from captures
     now_left: float | None
     past_width: float
     prev_day: date
@@ -290,6 +292,7 @@ def timeline_view(
     return Timeline(
         view=view, day=day, start=start, end=end, columns=columns,
         hosts=[(name, hosts.get(name, [])) for name in host_names],
+        replay=host_service.replay_host_names(session),
         now_left=pct(now) if start <= now < end else None,
         past_width=pct(now),
         prev_day=day - step, next_day=day + step, today=now.astimezone(tz).date(),

@@ -95,3 +95,18 @@ def test_bad_day_or_view_is_a_page_naming_the_field(weblab):
     assert r.status_code == 422 and "day: &#39;31.12.2026&#39; is not a date" in r.text and "<html" in r.text
     r = weblab.bob.get("/timeline?view=month")
     assert r.status_code == 422 and "view" in r.text and "<html" in r.text
+
+
+def test_a_replayed_host_is_marked_replay_on_the_timeline_and_in_the_book_form(weblab, client, make_host):
+    from tests.conftest import FRESH_FOR, gpu, snapshot_body
+
+    replay = make_host("replay-01")
+    body = snapshot_body("replay-01", 1, [gpu("GPU-9999cccc-0000-0000-0000-000000000009", 0)], source="replay",
+                         interval_seconds=FRESH_FOR)
+    assert client.post("/api/v1/agent/snapshots", json=body, headers=replay.headers).status_code == 200
+    page = weblab.alice.get("/timeline").text
+    heads = {m.group(1): m.group(2) for m in re.finditer(r'<div class="tl-row tl-host"><div>([^<\s]+)(.*?)</div>', page)}
+    assert 'class="badge replay"' in heads["replay-01"] and "badge" not in heads["node-01"]
+    book = weblab.alice.get("/book").text
+    assert re.search(r'<option value="replay-01"[^>]*>replay-01 \(replay\)</option>', book)
+    assert re.search(r'<option value="node-01"[^>]*>node-01</option>', book)
