@@ -71,6 +71,22 @@
       });
     });
   }
+  // Timeline: a grid wider than the screen (a phone) opens scrolled to the "now" line, a
+  // quarter of the way in, rather than at midnight with every booking off-screen.
+  function showNow(root) {
+    root.querySelectorAll(".tl-scroll").forEach(function (scroller) {
+      var now = scroller.querySelector(".tl-now");
+      if (!now || scroller.scrollWidth <= scroller.clientWidth) return;
+      // the device names stay put on the left (sticky): "now" goes a quarter into the rest
+      var label = scroller.querySelector(".tl-label");
+      var names = label ? label.getBoundingClientRect().width : 0;
+      var offset = now.getBoundingClientRect().left - scroller.getBoundingClientRect().left;
+      var target = names + (scroller.clientWidth - names) / 4;
+      scroller.scrollLeft = Math.max(0, scroller.scrollLeft + offset - target);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { showNow(document); });
+
   // Polled blocks skip their refresh while the tab is hidden (instead of an htmx trigger
   // filter, which htmx evaluates as script and the Content-Security-Policy forbids).
   document.addEventListener("htmx:beforeRequest", function (event) {

@@ -297,6 +297,9 @@ def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
             assert target.stat().st_size > 10_000
             width = pg.evaluate("document.documentElement.scrollWidth")
             assert width <= viewport["width"], f"{name} scrolls sideways at {label} width ({width}px)"
+            if name == "timeline":  # the "now" line is on screen, also where the grid scrolls sideways
+                now = pg.locator(".tl-scroll .tl-now").first.bounding_box()
+                assert now is not None and 0 < now["x"] < viewport["width"], f"'now' off-screen at {label} width: {now}"
         for name, path, ready in API_DOCS:  # rendered from the vendored assets (the run has no internet)
             pg.goto(live.url + path)
             pg.wait_for_selector(ready)
