@@ -314,7 +314,7 @@ class Demo:
             plan = run_in_transaction(factory, lambda s: plan_reservations(s, hosts=seen, now=now))
             results = run_in_transaction(factory, lambda s: ensure_reservations(s, plan=plan, settings=settings, now=now))
             for p, outcome in results:
-                self.out(f"  {p.user} on {p.host} {', '.join(u[:20] for u in p.uuids)} ({p.purpose}): {outcome}")
+                self.out(f"  {p.user} on {p.host} {', '.join(p.uuids)} ({p.purpose}): {outcome}")
             missing = sorted(set(replayed) - set(seen))
             if missing:
                 self.out(f"  warning: no snapshot yet from {', '.join(missing)}; see {logs}")
@@ -331,8 +331,9 @@ class Demo:
             self.out(f"  Admin API token (shown once): {admin.token}")
             self.out(f"  e.g. curl -H 'Authorization: Bearer {admin.token}' {self.url}/api/v1/devices")
         else:
-            self.out(f"  The admin '{ADMIN}' exists; its password was printed on the first start "
-                     f"(start over with a fresh --data-dir).")
+            self.out(f"  The admin '{ADMIN}' exists; its password was printed on the first start. Lost it? "
+                     f"GPUROSTER_DATA_DIR={self.data_dir} gpuroster admin set-password {ADMIN} (or start over "
+                     f"with a fresh --data-dir).")
         for a in agents:
             what = f"replay of {a.capture.name} (source=replay)" if a.capture else "NVML on this machine"
             self.out(f"  host {a.host}: {what}, policy {DEMO_POLICY}, grace {DEMO_GRACE_SECONDS} s")

@@ -31,17 +31,21 @@ def add_capped(t: datetime, delta: timedelta) -> datetime:
 
 
 def fmt_local(dt: datetime, tz: ZoneInfo) -> str:
-    """An instant as people read it in zone ``tz``: ``2026-10-25 02:30 CEST (UTC+02:00)``.
+    """An instant as people read it in zone ``tz``: ``2026-10-25 02:30 CEST (UTC+02:00)``;
+    in UTC itself ``2026-10-25 00:30 UTC``.
 
     The abbreviation and the offset make the two instants of a repeated wall time (the
-    autumn DST night) distinguishable in messages. An instant so late that the zone's
-    offset would carry it past year 9999 is printed in UTC.
+    autumn DST night) distinguishable in messages; UTC has none, and "UTC (UTC+00:00)" says
+    the same thing twice. An instant so late that the zone's offset would carry it past
+    year 9999 is printed in UTC.
     """
     try:
         local = dt.astimezone(tz)
     except OverflowError:
         local = dt.astimezone(UTC)
     off = local.strftime("%z")
+    if local.tzname() == "UTC" and off == "+0000":
+        return f"{local:%Y-%m-%d %H:%M} UTC"
     return f"{local:%Y-%m-%d %H:%M} {local.tzname()} (UTC{off[:3]}:{off[3:]})"
 
 

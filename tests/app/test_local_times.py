@@ -42,6 +42,7 @@ def test_parse_instant_refuses_a_spring_gap_time():
 def test_format_helpers():
     assert fmt_local(datetime(2027, 1, 5, 8, 0, tzinfo=UTC), __import__("zoneinfo").ZoneInfo("Europe/Berlin")) == \
         "2027-01-05 09:00 CET (UTC+01:00)"
+    assert fmt_local(datetime(2027, 1, 5, 8, 0, tzinfo=UTC), __import__("zoneinfo").ZoneInfo("UTC")) == "2027-01-05 08:00 UTC"
     assert fmt_hours(25 * 3600) == "25 h" and fmt_hours(5400) == "1.5 h"
 
 

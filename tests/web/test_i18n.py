@@ -190,6 +190,19 @@ def test_the_sign_in_page_in_chinese_has_no_english_left(client):
     assert english_words(r.text) == [] and "登录" in r.text
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_footer_names_the_lab_zone_and_in_utc_says_no_more(settings):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    for zone, en, zh in (("Europe/Berlin", "Times in Europe/Berlin (hover for UTC).", "时间为 Europe/Berlin 时区（悬停可查看 UTC）。"),
+                         ("UTC", "Times in UTC.", "时间为 UTC。")):
+        with TestClient(create_app(settings.model_copy(update={"timezone": zone}))) as c:
+            assert en in c.get("/login").text
+            assert zh in c.get("/login", headers=ZH).text
+
+
 def test_the_checks_catch_english(busy_lab):
     english = busy_lab.alice.get("/me/reservations").text
     assert "My reservations" in english_words(english)
