@@ -23,8 +23,17 @@ def _admin(sql: str) -> None:
 
 
 def _rename(old: str, new: str) -> None:
-    _admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{old}' AND pid <> pg_backend_pid()")
-    _admin(f'ALTER DATABASE "{old}" RENAME TO "{new}"')
+    """Rename a database a live server is using: new connections are refused first, so the
+    server's periodic work cannot reconnect between the ending of its sessions and the
+    rename (which needs none open); the renamed database takes connections again."""
+    eng = create_engine(_pg_admin_url(), isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'ALTER DATABASE "{old}" WITH ALLOW_CONNECTIONS false'))
+        c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{old}'"
+                       " AND pid <> pg_backend_pid()"))
+        c.execute(text(f'ALTER DATABASE "{old}" RENAME TO "{new}"'))
+        c.execute(text(f'ALTER DATABASE "{new}" WITH ALLOW_CONNECTIONS true'))
+    eng.dispose()
 
 
 def _assert_api_503(r) -> None:
