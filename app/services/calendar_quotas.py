@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from app.services.quotas import fmt_hours, lab_midnight
+from app.services.quotas import fmt_hours, lab_midnight, overfills, requested_hours
 
 #: rule field -> window kind
 CALENDAR_LIMITS = {"max_gpu_hours_day": "day", "max_gpu_hours_week": "week", "max_gpu_hours_month": "month"}
-_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -104,30 +103,28 @@ def windows(limits: dict[str, float | None], added: datetime, end: datetime,
 def breaches(
     used: Mapping[tuple[datetime, datetime], float],
     *,
+    touched: Mapping[str, list[CalendarWindow]],
     limits: dict[str, float | None],
     devices: int,
     start: datetime,
     end: datetime,
-    added: datetime,
-    tz: ZoneInfo,
 ) -> list[Breach]:
-    """The first overfilled window of each calendar limit in ``limits`` (field -> GPU-hours,
-    ``None`` = not set) for a request of ``devices`` over ``[start, end)``, of which
-    ``[added, end)`` is new (a change: the old end to the new one; a booking: all of it).
+    """The first overfilled window of each calendar limit in ``limits`` (field -> GPU-hours)
+    for a request of ``devices`` over ``[start, end)``.
 
-    ``used`` holds the owner's other reservations' device-hours in every window of
-    :func:`windows` (keyed by ``(window start, window end)``, UTC;
-    :func:`app.services.quotas.window_hours`). Windows the added time does not touch are not
-    re-checked.
+    ``touched`` is :func:`windows` of the request (the windows its new time touches, per limit
+    set; windows the added time does not touch are not re-checked); ``used`` holds the owner's
+    other reservations' device-hours in each of them (keyed by ``(window start, window end)``,
+    UTC; :func:`app.services.quotas.window_hours`).
     """
     out: list[Breach] = []
-    for name, touched in windows(limits, added, end, tz).items():
+    for name, ws in touched.items():
         limit = limits[name]
         assert limit is not None
-        for w in touched:
-            needed = devices * max(0.0, (min(end, w.end) - max(start, w.start)).total_seconds()) / 3600.0
+        for w in ws:
+            needed = requested_hours(devices, start, end, w.start, w.end)
             u = used[(w.start, w.end)]
-            if needed > 0 and u + needed > limit + _EPS:
+            if overfills(u, needed, limit):
                 out.append(Breach(name, w, float(limit), round(u, 4), round(needed, 4)))
                 break
     return out

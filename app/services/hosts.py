@@ -48,10 +48,12 @@ def update_host(session: Session, *, actor: User, name: str, changes: dict[str, 
     return host
 
 
-def replay_host_names(session: Session) -> frozenset[str]:
-    """Names of the hosts whose agent replays bundled captures instead of reading live GPUs
-    (``source == "replay"``): every page that lists hosts marks them."""
-    return frozenset(session.scalars(select(Host.name).where(Host.source == "replay")))
+def host_names(session: Session) -> tuple[list[str], frozenset[str]]:
+    """Every host's name, in name order, and those of the hosts whose agent replays bundled
+    captures instead of reading live GPUs (``source == "replay"``), which every page that
+    lists hosts marks; one query."""
+    rows = session.execute(select(Host.name, Host.source).order_by(Host.name)).all()
+    return [name for name, _ in rows], frozenset(name for name, source in rows if source == "replay")
 
 
 def get_host(session: Session, name: str) -> Host:

@@ -222,6 +222,21 @@ def quota_window(day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
     return lab_midnight(day, tz), lab_midnight(day + timedelta(days=WINDOW_DAYS), tz)
 
 
+_EPS = 1e-9  # GPU-hours: float sums a hair over a limit they meet exactly do not break it
+
+
+def requested_hours(devices: int, start: datetime, end: datetime, ws: datetime, we: datetime) -> float:
+    """The device-hours a request of ``devices`` over ``[start, end)`` adds inside the window
+    ``[ws, we)`` (real elapsed time; 0 when they do not overlap)."""
+    return devices * max(0.0, (min(end, we) - max(start, ws)).total_seconds()) / 3600.0
+
+
+def overfills(used: float, needed: float, limit: float) -> bool:
+    """Whether adding ``needed`` GPU-hours to a window holding ``used`` breaks ``limit`` (a
+    request that adds nothing there breaks nothing)."""
+    return needed > 0 and used + needed > limit + _EPS
+
+
 def fmt_local(dt: datetime, tz: ZoneInfo, now: datetime | None = None) -> str:
     """``18:00`` today, ``Tue 24 Mar 18:00`` another day (with the year if not this year), in
     ``tz``; ``open-ended`` for an instant the zone cannot show (the end of year 9999 UTC)."""

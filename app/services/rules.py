@@ -56,8 +56,8 @@ from app import timeutil
 from app.services import calendar_quotas
 from app.services.boost_limits import apply_boosts
 from app.services.calendar_quotas import CALENDAR_LIMITS
-from app.services.quotas import (WINDOW_DAYS, fmt_hours, fmt_local, owner_rows, peak, quota_window,
-                                 window_hours)
+from app.services.quotas import (WINDOW_DAYS, fmt_hours, fmt_local, overfills, owner_rows, peak, quota_window,
+                                 requested_hours, window_hours)
 from app.timeutil import fmt_duration
 
 NUMERIC_LIMITS = (
@@ -91,7 +91,6 @@ QUOTA_LOCK_NAMESPACE = 0x51554F54  # "QUOT": one lock per user while counting qu
 RULES_LOCK_KEY = 0x52554C45 << 32  # "RULE": creating rules (one per scope target)
 # Limits counted over the owner's other reservations (the quota lock serialises them).
 COUNTED_LIMITS = ("max_devices", "max_concurrent_reservations", "max_gpu_hours_7d") + tuple(CALENDAR_LIMITS)
-_EPS = 1e-9
 
 
 def quota_lock_key(user_id: int) -> int:
@@ -306,20 +305,20 @@ def check_limits(
 
     # every GPU-hour window the added time touches, read in one statement: for the rolling
     # limit, the seven lab days ending on each day from the first added one to the last
-    days = []
+    rolling = []  # (first lab day, its window)
     if max_gpuh is not None:  # only then: an end in year 9999 has no lab date
         first = added.astimezone(tz).date() - timedelta(days=WINDOW_DAYS - 1)
         last = (end - timedelta(microseconds=1)).astimezone(tz).date()
-        days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
+        days = (first + timedelta(days=i) for i in range((last - first).days + 1))
+        rolling = [(day, quota_window(day, tz)) for day in days]
     cal = {name: limits[name].value for name in CALENDAR_LIMITS}
-    cal_windows = [(w.start, w.end) for ws in calendar_quotas.windows(cal, added, end, tz).values() for w in ws]
-    hours = window_hours(session, owner_id=owner.id, windows=[quota_window(d, tz) for d in days] + cal_windows,
-                         exclude_id=exclude)
-    for day in days:
-        ws, we = quota_window(day, tz)
+    touched = calendar_quotas.windows(cal, added, end, tz)
+    hours = window_hours(session, owner_id=owner.id, exclude_id=exclude,
+                         windows=[w for _, w in rolling] + [(w.start, w.end) for ws in touched.values() for w in ws])
+    for day, (ws, we) in rolling:
         used = hours[(ws, we)]
-        new = len(devices) * max(0.0, (min(end, we) - max(start, ws)).total_seconds()) / 3600.0
-        if new > 0 and used + new > max_gpuh + _EPS:
+        new = requested_hours(len(devices), start, end, ws, we)
+        if overfills(used, new, max_gpuh):
             shown_end = day + timedelta(days=WINDOW_DAYS - 1)
             v("max_gpu_hours_7d",
               f"this needs {fmt_hours(new)} GPU-hours; in the 7 days {day:%a %d %b} – {shown_end:%a %d %b %Y} "
@@ -328,7 +327,7 @@ def check_limits(
               used=round(used, 4), left=round(max(0.0, max_gpuh - used), 4),
               extra={"window": {"start": ws.isoformat(), "end": we.isoformat()}, "requested": round(new, 4)})
             break
-    for b in calendar_quotas.breaches(hours, limits=cal, devices=len(devices), start=start, end=end, added=added, tz=tz):
+    for b in calendar_quotas.breaches(hours, touched=touched, limits=cal, devices=len(devices), start=start, end=end):
         v(b.rule, b.sentence(tz), used=b.used, left=round(b.left, 4),
           extra={"window": b.window.as_dict(), "requested": b.needed})
     return out

@@ -205,15 +205,11 @@ def check_booking(session: Session, *, form: BookForm, settings: Settings, now: 
     )
 
 
-def _host_names(session: Session) -> list[str]:
-    return list(session.scalars(select(Host.name).order_by(Host.name)))
-
-
 def form_context(
     session: Session, *, viewer: Viewer, form: BookForm, settings: Settings, now: datetime
 ) -> dict[str, Any]:
     """Hosts, the chosen host's devices with their state, and the form values for the template."""
-    hosts = _host_names(session)
+    hosts, replay_hosts = host_service.host_names(session)
     if not form.host and hosts and form.mode != "count":
         form.host = hosts[0]
     views: list[DeviceView] = device_service.device_views(session, now=now, host_names=[form.host]) if form.host in hosts else []
@@ -224,7 +220,7 @@ def form_context(
     default_start = now.astimezone(settings.tz).replace(second=0, microsecond=0) + timedelta(minutes=15 - now.astimezone(settings.tz).minute % 15)
     return {
         "viewer": viewer, "active": "book", "form": form, "hosts": hosts, "device_rows": rows,
-        "replay_hosts": host_service.replay_host_names(session),
+        "replay_hosts": replay_hosts,
         "placement": placement_available(), "default_start": default_start.strftime("%Y-%m-%dT%H:%M"), "now": now,
         "idempotency_key": new_form_key(),
     }

@@ -23,7 +23,7 @@ from app import i18n
 from app.i18n import _
 from app.api.deps import SessionDep, SettingsDep
 from app.errors import InvalidInput
-from app.models import Device, DeviceQuarantine, Host, utcnow
+from app.models import Device, DeviceQuarantine, utcnow
 from app.services import conflicts as conflict_service
 from app.services import hosts as host_service
 from app.services.devices import device_label
@@ -287,12 +287,13 @@ def timeline_view(
                                max_length=max_length, tz=tz, pct=pct)
         hosts.setdefault(d.host.name, []).append(row)
 
-    host_names = sorted(set(session.scalars(select(Host.name))) | set(hosts))
+    names, replay = host_service.host_names(session)
+    host_names = sorted(set(names) | set(hosts))
     step = timedelta(days=1 if view == "day" else 7)
     return Timeline(
         view=view, day=day, start=start, end=end, columns=columns,
         hosts=[(name, hosts.get(name, [])) for name in host_names],
-        replay=host_service.replay_host_names(session),
+        replay=replay,
         now_left=pct(now) if start <= now < end else None,
         past_width=pct(now),
         prev_day=day - step, next_day=day + step, today=now.astimezone(tz).date(),
