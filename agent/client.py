@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import email.utils
 import random
-import ssl
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
-from urllib.request import getproxies
 
 from pydantic import ValidationError
 
 from agent import __version__
-from agent.httpx_lean import httpx  # httpx without its own CLI (click, rich, pygments)
+from agent.httpx_lean import httpx, tls_verify  # httpx without its own CLI (click, rich, pygments)
 from agent.schema import SnapshotAck
 
 SNAPSHOT_PATH = "/api/v1/agent/snapshots"
@@ -69,24 +67,6 @@ def backoff_delay(attempt: int, retry_after: float | None = None, *, rng: random
     if retry_after is not None:
         delay = max(delay, retry_after)
     return min(BACKOFF_CAP_S, delay)
-
-
-def tls_verify(server: str) -> ssl.SSLContext | bool:
-    """What to pass as ``verify`` to an ``httpx.Client`` of ``server`` (a base URL).
-
-    ``True`` (httpx's default: a context loaded with certifi's CA bundle) whenever TLS can be
-    spoken: an ``https://`` server, or any HTTP proxy named by the environment (httpx uses
-    ``HTTP_PROXY``, ``HTTPS_PROXY`` and ``ALL_PROXY`` through ``urllib.request.getproxies``,
-    and a proxy may be ``https://``). Otherwise every connection is plain HTTP (redirects are
-    not followed) and the context is never used; loading the bundle into it would still cost
-    about 1 MiB of RSS for the agent's whole life (a client of an ``http://`` server: 0.5 MiB
-    with this context, 1.5 MiB with the bundle), so it gets a verifying context with no CA at
-    all: a TLS handshake it were ever asked for would fail verification, never go unchecked.
-    """
-    proxies = getproxies()
-    if server.startswith("https://") or any(proxies.get(k) for k in ("http", "https", "all")):
-        return True
-    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname by default
 
 
 class ServiceClient:

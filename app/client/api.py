@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from agent.httpx_lean import httpx  # httpx without its own CLI (click, rich, pygments)
+from agent.httpx_lean import httpx, tls_verify  # httpx without its own CLI (click, rich, pygments)
 from app.i18n import gettext as _
 from app import __version__
 from app.client.errors import ApiError, NotConfigured, Unreachable
@@ -31,7 +31,8 @@ class Api:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.server = server.rstrip("/")
-        self._http = httpx.Client(base_url=self.server + "/api/v1", headers=headers, timeout=TIMEOUT, transport=transport)
+        self._http = httpx.Client(base_url=self.server + "/api/v1", headers=headers, timeout=TIMEOUT, transport=transport,
+                                  verify=tls_verify(self.server))
         self.invocation_key = str(uuid.uuid4())
         self._creates = 0
         self.retry_pause = 1.0  # seconds before the second try, doubled after

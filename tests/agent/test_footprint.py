@@ -16,7 +16,8 @@ from pathlib import Path
 
 import agent.main as agent_main
 from agent import memtrim
-from agent.client import ServiceClient, tls_verify
+from agent.client import ServiceClient
+from agent.httpx_lean import tls_verify
 from agent.containers import ContainerDirectory
 from agent.main import Agent
 from tests.agent.conftest import nvml_builder

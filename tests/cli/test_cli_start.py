@@ -64,8 +64,23 @@ def test_a_command_imports_httpx_for_its_first_request_and_not_its_cli(tmp_path)
     code, modules = run_cli(tmp_path, "status", GPUROSTER_SERVER=dead, GPUROSTER_TOKEN="t")
     assert code == 5  # unreachable: the request was sent
     assert "httpx" in modules and "httpx._main" not in modules
-    # pydantic may be there: typer (0.2x) coerces a command's parameters with pydantic TypeAdapters
-    assert modules & ({"babel", "rich", "pygments"} | SERVICE_PACKAGES) == set()
+    # pydantic: typer 0.29 coerces every parameter through pydantic (pyproject.toml pins below it)
+    assert modules & ({"babel", "rich", "pygments", "pydantic", "pydantic_core"} | SERVICE_PACKAGES) == set()
+
+
+def test_a_command_loads_the_ca_bundle_only_where_tls_can_be_spoken(monkeypatch):
+    """Loading certifi's bundle costs each command about 40 ms; a plain-HTTP server never uses it."""
+    from app.client.api import Api
+
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+
+    def context(server: str):
+        return Api(server, "t")._http._transport._pool._ssl_context
+
+    plain = context("http://gpus.lab.example")
+    assert plain.cert_store_stats()["x509_ca"] == 0 and plain.check_hostname  # verifying, never unchecked
+    assert context("https://gpus.lab.example").cert_store_stats()["x509_ca"] > 0
 
 
 def test_admin_commands_load_the_database_layer_but_no_web_framework(tmp_path):
