@@ -1,11 +1,15 @@
-"""Service CPU per agent snapshot on ``POST /api/v1/agent/snapshots``, in-process, no network.
+"""Service CPU per agent snapshot on ``POST /api/v1/agent/snapshots`` (``--route booking``:
+per booking on ``POST /api/v1/reservations``), in-process, no network.
 
 The ASGI application (middleware, routing, authentication, body parsing and validation,
 ingest, commit, the ack) is driven directly by an event loop in this process, one request
 at a time, so the CPU seconds counted (``time.process_time``) are the service's alone: no
 HTTP server, no load generator. That is the figure the ingest target is stated in (at most
 1 ms of service CPU per snapshot); uvicorn's HTTP parsing comes on top (``bench/ingest.py``
-measures the whole server).
+measures the whole server). ``--route booking``: a lab member books one GPU for 10 minutes
+at a time, every booking a distinct (device, slot) 30 days ahead, so each one is a whole
+successful booking (authentication, device resolution, rules, conflict check, guarded
+insert, commit); ``bench/booking.py`` measures rates and latencies over HTTP.
 
 For a same-run baseline, ``--baseline REV`` (default ``HEAD``: the last commit) exports that
 commit's tree into a temporary directory with ``git archive`` and runs this same measurement
@@ -48,13 +52,17 @@ def _fresh_url(kind: str, workdir: Path) -> tuple[str, str | None]:
     return f"sqlite:///{workdir / 'route.db'}", None
 
 
-async def _drive(app, requests: list[tuple[str, bytes]], statuses: list[int]) -> None:
-    """POST each (token, body) to the ASGI app in turn, recording the status codes."""
+SNAPSHOTS = "/api/v1/agent/snapshots"
+RESERVATIONS = "/api/v1/reservations"
+
+
+async def _drive(app, requests: list[tuple[str, bytes]], statuses: list[int], path: str = SNAPSHOTS) -> None:
+    """POST each (token, body) to ``path`` of the ASGI app in turn, recording the status codes."""
     for token, body in requests:
         headers = [(b"host", b"bench"), (b"authorization", f"Bearer {token}".encode()),
                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/api/v1/agent/snapshots", "raw_path": b"/api/v1/agent/snapshots",
+                 "scheme": "http", "path": path, "raw_path": path.encode(),
                  "root_path": "", "query_string": b"", "headers": headers, "client": ("127.0.0.1", 1),
                  "server": ("127.0.0.1", 80), "state": {}}
         sent = False
@@ -73,8 +81,38 @@ async def _drive(app, requests: list[tuple[str, bytes]], statuses: list[int]) ->
         await app(scope, receive, send)
 
 
-def measure(kind: str, hosts: int, gpus: int, count: int, repeat: int, profile: str | None) -> dict:
-    """CPU ms per snapshot (median over ``repeat`` rounds of ``count`` snapshots) on a fresh database."""
+def _member_token(url: str) -> str:
+    """A lab member's API token (created in the database at ``url``)."""
+    from app.config import Settings  # noqa: PLC0415
+    from app.db import build_engine, build_session_factory, run_in_transaction  # noqa: PLC0415
+    from app.services import users as user_service  # noqa: PLC0415
+
+    engine = build_engine(Settings(database_url=url, environment="test"))
+    try:
+        return run_in_transaction(build_session_factory(engine), lambda s: user_service.create_api_token(
+            s, user=user_service.create_user(s, username="bench-member", actor="bench"), name="bench")[1])
+    finally:
+        engine.dispose()
+
+
+def _bookings(fleet, token: str, gpus: int, first: int, count: int) -> list[tuple[str, bytes]]:
+    """Bookings ``first`` .. ``first + count - 1``: each a distinct (host, GPU, 10-minute slot)."""
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    t0 = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(days=30)
+    per_slot = gpus * len(fleet.names)
+    out = []
+    for k in range(first, first + count):
+        host, dev, slot = fleet.names[(k // gpus) % len(fleet.names)], k % gpus, k // per_slot
+        body = {"host": host, "devices": [dev], "start": (t0 + timedelta(minutes=10 * slot)).isoformat(), "duration": "PT10M"}
+        out.append((token, json.dumps(body).encode()))
+    return out
+
+
+def measure(kind: str, hosts: int, gpus: int, count: int, repeat: int, profile: str | None,
+            route: str = "snapshot") -> dict:
+    """CPU ms per request (median over ``repeat`` rounds of ``count`` snapshots or bookings)
+    on a fresh database."""
     sys.path.insert(0, str(ROOT / "bench"))
     import ingest as whole  # noqa: PLC0415 - puts ROOT first on sys.path: the measured tree goes before it
 
@@ -86,6 +124,7 @@ def measure(kind: str, hosts: int, gpus: int, count: int, repeat: int, profile: 
     url, pg_name = _fresh_url(kind, workdir)
     try:
         fleet = whole.register_fleet(url, hosts, gpus)
+        member = _member_token(url) if route == "booking" else ""
         app = create_app(Settings(database_url=url, environment="test", data_dir=str(workdir)))
 
         async def run() -> list[float]:
@@ -93,8 +132,12 @@ def measure(kind: str, hosts: int, gpus: int, count: int, repeat: int, profile: 
             async with app.router.lifespan_context(app):
                 statuses: list[int] = []
                 await _drive(app, [(fleet.tokens[i], b) for i, b in (fleet.next_body() for _ in range(hosts))], statuses)
+                path, ok = (RESERVATIONS, 201) if route == "booking" else (SNAPSHOTS, 200)
                 for r in range(repeat):
-                    reqs = [(fleet.tokens[i], b) for i, b in (fleet.next_body() for _ in range(count))]
+                    if route == "booking":
+                        reqs = _bookings(fleet, member, gpus, r * count, count)
+                    else:
+                        reqs = [(fleet.tokens[i], b) for i, b in (fleet.next_body() for _ in range(count))]
                     statuses.clear()
                     prof = None
                     if profile and r == repeat - 1:
@@ -103,14 +146,14 @@ def measure(kind: str, hosts: int, gpus: int, count: int, repeat: int, profile: 
                         prof = cProfile.Profile()
                         prof.enable()
                     t = time.process_time()
-                    await _drive(app, reqs, statuses)
+                    await _drive(app, reqs, statuses, path)
                     per.append((time.process_time() - t) / count * 1000)
                     if prof is not None:
                         prof.disable()
                         prof.dump_stats(profile)
-                    bad = [s for s in statuses if s != 200]
+                    bad = [s for s in statuses if s != ok]
                     if bad:
-                        raise RuntimeError(f"{len(bad)} non-200 answers, e.g. {bad[0]}")
+                        raise RuntimeError(f"{len(bad)} answers other than {ok}, e.g. {bad[0]}")
             return per
 
         per = asyncio.run(run())
@@ -129,7 +172,8 @@ def _baseline(rev: str, args: argparse.Namespace, kind: str) -> dict:
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
         env = {**os.environ, "GPUROSTER_BENCH_CODE": tree}
         out = subprocess.run([sys.executable, __file__, "--db", kind, "--hosts", str(args.hosts), "--gpus", str(args.gpus),
-                              "--count", str(args.count), "--repeat", str(args.repeat), "--baseline", "none", "--json"],
+                              "--count", str(args.count), "--repeat", str(args.repeat), "--route", args.route,
+                              "--baseline", "none", "--json"],
                              env=env, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
@@ -139,22 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--db", default="sqlite,postgresql")
     p.add_argument("--hosts", type=int, default=1000)
     p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--count", type=int, default=1000, help="snapshots per round")
+    p.add_argument("--count", type=int, default=1000, help="snapshots (or bookings) per round")
+    p.add_argument("--route", choices=("snapshot", "booking"), default="snapshot")
     p.add_argument("--repeat", type=int, default=5, help="rounds; the median is printed")
     p.add_argument("--baseline", default="HEAD", help="commit measured in the same run for the ratio; 'none' to skip")
     p.add_argument("--profile", default=None, help="write a cProfile of the last round to this file")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for kind in [k.strip() for k in args.db.split(",") if k.strip()]:
-        mine = measure(kind, args.hosts, args.gpus, args.count, args.repeat, args.profile)
+        mine = measure(kind, args.hosts, args.gpus, args.count, args.repeat, args.profile, args.route)
         if args.json:
             print(json.dumps(mine))
             continue
-        line = (f"{kind}: service CPU per snapshot {mine['ms']:.3f} ms (target <= {TARGET_MS:.1f} ms: "
+        line = (f"{kind}: service CPU per {args.route} {mine['ms']:.3f} ms (target <= {TARGET_MS:.1f} ms: "
                 f"{mine['ms'] / TARGET_MS:.2f}x of it); rounds " + ", ".join(f"{x:.3f}" for x in mine["rounds"]))
         if args.baseline != "none":
             base = _baseline(args.baseline, args, kind)
-            line += (f"\n  baseline {args.baseline} ({base['code']}): {base['ms']:.3f} ms per snapshot; "
+            line += (f"\n  baseline {args.baseline} ({base['code']}): {base['ms']:.3f} ms per {args.route}; "
                      f"this tree uses {mine['ms'] / base['ms']:.2f}x its CPU ({base['ms'] / mine['ms']:.2f}x faster)")
         print(line, flush=True)
     return 0

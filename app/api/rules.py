@@ -38,15 +38,15 @@ from app.schemas.user import TokenCreated
 from app.services import cli_login, placement
 from app.services import groups as group_service
 from app.services import limit_usage
+from app.services.limits import LIMIT_FIELDS
 from app.services import rule_admin
-from app.services import rules as rules_service
 from app.services import series as series_service
 from app.services import users as user_service
 from app.timeutil import parse_instant
 
 router = api_router()
 
-RULE_FIELDS = rules_service.LIMIT_FIELDS + ("note",)
+RULE_FIELDS = LIMIT_FIELDS + ("note",)
 
 
 def _rule_read(r: SharingRule, names: dict[int, str]) -> RuleRead:

@@ -38,7 +38,7 @@ KEY_LIMITS = "gpuroster.resolved_limits"  # rules.validate_reservation leaves th
 
 
 def crossed(limits: dict, *, devices: Sequence[Device], start: datetime, end: datetime, now: datetime) -> list[str]:
-    """The thresholds of ``limits`` (``rules.resolve_limits`` output) that a booking of
+    """The thresholds of ``limits`` (``limits.resolve_limits`` output) that a booking of
     ``devices`` for ``[start, end)`` exceeds, as sentences; ``[]`` means no approval needed."""
     out: list[str] = []
 
@@ -66,7 +66,7 @@ def initial_status(session: Session, *, owner: User, actor: User, devices: Seque
         return "confirmed", []
     limits = session.info.get((KEY_LIMITS, owner.id))
     if limits is None:
-        from app.services.rules import resolve_limits
+        from app.services.limits import resolve_limits
 
         limits = resolve_limits(session, owner)
     reasons = crossed(limits, devices=devices, start=start, end=end, now=now)

@@ -1,5 +1,5 @@
 """How an approved quota boost raises a limit (applied by
-:func:`app.services.rules.resolve_limits`, the one place limits are resolved)."""
+:func:`app.services.limits.resolve_limits`, the one place limits are resolved)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ INT_LIMITS = ("max_devices", "max_duration_seconds", "max_ahead_seconds", "max_c
 
 def apply_boosts(session: Session, user: User, limits: dict[str, Any], *, now: datetime,
                  until: datetime | None) -> None:
-    """Raise, in place, each limit of ``limits`` (name -> ``rules.Limit``) that an approved
+    """Raise, in place, each limit of ``limits`` (name -> ``limits.Limit``) that an approved
     boost of ``user`` lasting past ``now`` (and, with ``until``, to or past ``until``) sets
     higher. A boost never lowers a limit and an unlimited one stays unlimited. The raised
     limit's ``scope`` is ``boost:<id>``, ``base`` the rules' value, ``boost_until`` its end."""

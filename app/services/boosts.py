@@ -28,7 +28,7 @@ from app.models import AuditLog, QuotaBoost, User
 from app.services import holder_notices
 from app.services.approvals import managed_user_ids, may_decide_for
 from app.services.boost_limits import INT_LIMITS
-from app.services.rules import NUMERIC_LIMITS, resolve_limits
+from app.services.limits import NUMERIC_LIMITS, resolve_limits
 from app.services.quotas import fmt_hours
 from app.timeutil import fmt_duration, fmt_local
 

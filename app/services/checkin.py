@@ -31,7 +31,7 @@ from app.models.states import FindingKind, FindingState, HostStatus
 from app.services import lifecycle, slot_freed
 from app.services.devices import host_status
 from app.services.reservations import checkin_question
-from app.services.rules import resolve_limits
+from app.services.limits import resolve_limits
 
 # Used where a rule sets the feature on but leaves these unset (minutes; the silence policy).
 DEFAULTS = {"checkin_min_booking_minutes": 60, "checkin_grace_minutes": 15, "idle_after_minutes": 60,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, or_, select, text
+from sqlalchemy import and_, bindparam, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
@@ -43,23 +43,37 @@ def devices_sorted(r: Reservation) -> list[Device]:
 # ---------------------------------------------------------------------------- conflicts
 
 
-def _overlap_clause(devices: Sequence[Device], start: datetime, end: datetime):
-    """SQL predicate for active reservation_devices rows that exclude ``devices`` in ``[start, end)``."""
-    per_device = []
-    for d in devices:
-        kind = 1 if d.parent_id else 0
-        per_device.append(
-            or_(
-                ReservationDevice.device_id == d.id,
-                and_(ReservationDevice.physical_id == d.physical_id, ReservationDevice.slice_kind != kind),
-            )
-        )
-    return and_(
-        ReservationDevice.active.is_(True),
-        ReservationDevice.start_at < end,
-        ReservationDevice.end_at > start,
-        or_(*per_device),
-    )
+def _overlap_params(devices: Sequence[Device], start: datetime, end: datetime) -> dict:
+    """The parameters of :data:`_OVERLAP` for ``devices`` in ``[start, end)``."""
+    return {
+        "ids": [d.id for d in devices],
+        "whole_phys": [d.physical_id for d in devices if not d.parent_id],
+        "slice_phys": [d.physical_id for d in devices if d.parent_id],
+        "start": start,
+        "end": end,
+    }
+
+
+# Active reservation_devices rows that exclude the devices with ids ``ids`` in
+# ``[start, end)``: the device itself, a MIG slice of a whole GPU asked for (``whole_phys``,
+# their physical ids) and the whole GPU of a MIG slice asked for (``slice_phys``). One
+# statement shape for any number of devices, built once: building and hashing a new
+# expression for every booking cost more CPU than the database spent running it.
+_OVERLAP = and_(
+    ReservationDevice.active.is_(True),
+    ReservationDevice.start_at < bindparam("end"),
+    ReservationDevice.end_at > bindparam("start"),
+    or_(
+        ReservationDevice.device_id.in_(bindparam("ids", expanding=True)),
+        and_(ReservationDevice.physical_id.in_(bindparam("whole_phys", expanding=True)), ReservationDevice.slice_kind != 0),
+        and_(ReservationDevice.physical_id.in_(bindparam("slice_phys", expanding=True)), ReservationDevice.slice_kind != 1),
+    ),
+)
+_NOT_EXCLUDED = ReservationDevice.reservation_id != bindparam("exclude_id")
+_CONFLICT_IDS = select(ReservationDevice.reservation_id).where(_OVERLAP)
+_CONFLICT_IDS_EXCEPT = _CONFLICT_IDS.where(_NOT_EXCLUDED)
+_BUSY = select(ReservationDevice.start_at, ReservationDevice.end_at).where(_OVERLAP)
+_BUSY_EXCEPT = _BUSY.where(_NOT_EXCLUDED)
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,7 @@ def match_holdings(devices: Sequence, rows: Sequence) -> dict[int, list[Holding]
 def holdings(session: Session, *, devices: Sequence[Device], start: datetime, end: datetime) -> dict[int, list[Holding]]:
     """Device id -> the active reservations overlapping ``[start, end)`` that hold it, by start.
 
-    The same rule as the booking check (``_overlap_clause``): a whole-GPU reservation holds
+    The same rule as the booking check (``_OVERLAP``): a whole-GPU reservation holds
     its MIG slices and a MIG-slice reservation holds its whole GPU. Reservations come with
     their user loaded. One query for all ``devices`` (anything with ``id`` and ``parent_id``:
     ORM devices or plain rows).
@@ -168,10 +182,11 @@ def find_conflicts(
     session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None = None
 ) -> list[Reservation]:
     """Active reservations holding any of ``devices`` (or their MIG parent/slices) in ``[start, end)``."""
-    q = select(ReservationDevice.reservation_id).where(_overlap_clause(devices, start, end))
+    params = _overlap_params(devices, start, end)
     if exclude_id is not None:
-        q = q.where(ReservationDevice.reservation_id != exclude_id)
-    ids = set(session.scalars(q))
+        ids = set(session.scalars(_CONFLICT_IDS_EXCEPT, {**params, "exclude_id": exclude_id}))
+    else:
+        ids = set(session.scalars(_CONFLICT_IDS, params))
     if not ids:
         return []
     return list(session.scalars(select(Reservation).where(Reservation.id.in_(ids)).options(*loaded_options()).order_by(Reservation.start_at)))
@@ -181,12 +196,11 @@ def earliest_free_start(
     session: Session, *, devices: Sequence[Device], after: datetime, length: timedelta, exclude_id: int | None = None
 ) -> datetime:
     """The earliest instant ``t >= after`` at which all ``devices`` are free for ``[t, t + length)``."""
-    q = select(ReservationDevice.start_at, ReservationDevice.end_at).where(
-        _overlap_clause(devices, after, MAX_INSTANT)
-    )
+    params = _overlap_params(devices, after, MAX_INSTANT)
     if exclude_id is not None:
-        q = q.where(ReservationDevice.reservation_id != exclude_id)
-    busy = sorted(session.execute(q).all())
+        busy = sorted(session.execute(_BUSY_EXCEPT, {**params, "exclude_id": exclude_id}).all())
+    else:
+        busy = sorted(session.execute(_BUSY, params).all())
     t = after
     moved = True
     while moved:
@@ -274,6 +288,7 @@ def write_guarded(
 #: First key of the two-key advisory locks that serialise writers per physical GPU, so the
 #: application's locks cannot collide with another user of the same database.
 GPU_LOCK_CLASS = 0x6770  # "gp"
+_LOCK_GPUS = text("SELECT pg_advisory_xact_lock(:cls, s.k) FROM (SELECT unnest(CAST(:ids AS integer[])) AS k ORDER BY 1) AS s")
 
 
 def lock_physical_gpus(session: Session, devices: Sequence[Device]) -> None:
@@ -290,7 +305,4 @@ def lock_physical_gpus(session: Session, devices: Sequence[Device]) -> None:
     ids = sorted({d.physical_id for d in devices})
     if not ids:
         return
-    session.execute(
-        text("SELECT pg_advisory_xact_lock(:cls, s.k) FROM (SELECT unnest(CAST(:ids AS integer[])) AS k ORDER BY 1) AS s"),
-        {"cls": GPU_LOCK_CLASS, "ids": ids},
-    )
+    session.execute(_LOCK_GPUS, {"cls": GPU_LOCK_CLASS, "ids": ids})

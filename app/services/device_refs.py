@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput, NotFound
@@ -19,23 +19,43 @@ from app.timeutil import fmt_local
 UTC_ZONE = ZoneInfo("UTC")
 
 
+# The non-retired devices that references may name: by UUID (``texts``) or, for whole GPUs,
+# by index (``indices``); :func:`_ref_params` gives both. Statements are built once: every
+# booking reads them, and building one anew cost more CPU than running it.
+_NAMED = and_(
+    Device.retired_at.is_(None),
+    or_(Device.uuid.in_(bindparam("texts", expanding=True)),
+        and_(Device.parent_id.is_(None), Device.index.in_(bindparam("indices", expanding=True)))),
+)
+_DEVICES_NAMED = select(Device).where(Device.host_id == bindparam("host_id"), _NAMED)
+# The host ``host_name`` with its devices named, their health and open quarantines (a MIG
+# slice's own and its GPU's).
+_BOOKABLE = (
+    select(Host, Device, DeviceTelemetry.health, DeviceQuarantine)
+    .select_from(Host)
+    .outerjoin(Device, and_(Device.host_id == Host.id, _NAMED))
+    .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
+    .outerjoin(DeviceQuarantine, and_(
+        or_(DeviceQuarantine.device_id == Device.id, DeviceQuarantine.device_id == Device.parent_id),
+        DeviceQuarantine.cleared_at.is_(None),
+    ))
+    .where(Host.name == bindparam("host_name"))
+)
+
+
+def _ref_params(refs: Sequence[str | int]) -> dict[str, list]:
+    """The ``texts`` and ``indices`` parameters of :data:`_NAMED` for ``refs``."""
+    texts = [str(r).strip() for r in refs]
+    return {"texts": texts, "indices": [int(t) for t in texts if t.isdigit() and int(t) < 2**31]}
+
+
 def resolve_devices(session: Session, *, host: Host, refs: Sequence[str | int]) -> list[Device]:
     """Map UUIDs or indices of ``host`` to devices (index = whole GPUs only, MIG by UUID).
 
     Raises InvalidInput naming the reference for unknown, duplicate or retired devices.
     """
-    devices = list(session.scalars(select(Device).where(Device.host_id == host.id, _refs_clause(refs))))
+    devices = list(session.scalars(_DEVICES_NAMED, {"host_id": host.id, **_ref_params(refs)}))
     return _match_refs(session, host, refs, devices)
-
-
-def _refs_clause(refs: Sequence[str | int]):
-    """SQL predicate for the non-retired devices that ``refs`` (UUIDs or whole-GPU indices) may name."""
-    texts = [str(r).strip() for r in refs]
-    indices = [int(t) for t in texts if t.isdigit() and int(t) < 2**31]
-    return and_(
-        Device.retired_at.is_(None),
-        or_(Device.uuid.in_(texts), and_(Device.parent_id.is_(None), Device.index.in_(indices))),
-    )
 
 
 def _match_refs(session: Session, host: Host, refs: Sequence[str | int], devices: Sequence[Device]) -> list[Device]:
@@ -76,16 +96,7 @@ def resolve_bookable_devices(session: Session, *, host_name: str, refs: Sequence
     Raises NotFound (404, field ``host``), InvalidInput (422, field ``devices``) as
     :func:`resolve_devices`, Conflict (409, field ``devices``) as :func:`check_health`.
     """
-    quarantine = and_(or_(DeviceQuarantine.device_id == Device.id, DeviceQuarantine.device_id == Device.parent_id),
-                      DeviceQuarantine.cleared_at.is_(None))
-    rows = session.execute(
-        select(Host, Device, DeviceTelemetry.health, DeviceQuarantine)
-        .select_from(Host)
-        .outerjoin(Device, and_(Device.host_id == Host.id, _refs_clause(refs)))
-        .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
-        .outerjoin(DeviceQuarantine, quarantine)
-        .where(Host.name == host_name)
-    ).all()
+    rows = session.execute(_BOOKABLE, {"host_name": host_name, **_ref_params(refs)}).all()
     if not rows:
         raise NotFound(f"host {host_name!r} not found", field="host")
     host = rows[0][0]

@@ -1,7 +1,7 @@
 """What a member has used of each of their limits now (``GET /api/v1/me/usage``,
 ``gpuroster usage``, the Usage page): held devices and reservations at an instant, GPU-hours
 over the rolling quota window and over the current calendar day, ISO week and month, and the
-plain limits, each with the scope it comes from (:func:`app.services.rules.resolve_limits`,
+plain limits, each with the scope it comes from (:func:`app.services.limits.resolve_limits`,
 ``boost:<id>`` while a quota boost raises it), and the member's pending and active boosts."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from app.models import User
 from app.services import boosts as boost_service
 from app.services.calendar_quotas import CALENDAR_LIMITS, CalendarWindow, window_of
 from app.services.quotas import WINDOW_DAYS, fmt_hours, owner_rows, quota_window, window_hours
-from app.services.rules import LIST_LIMITS, resolve_limits
+from app.services.limits import LIST_LIMITS, resolve_limits
 from app.i18n import N_, current_locale, format_day, format_local, gettext, when_text
 from app.timeutil import fmt_duration
 

@@ -37,6 +37,7 @@ from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry,
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import hosts as host_service
 from app.services import rules as rules_service
+from app.services.limits import resolve_limits
 from app.services.intervals import Interval
 from app.timeutil import add_capped
 
@@ -292,7 +293,7 @@ def request_for(session: Session, *, count: int, host: str | None, constraints: 
         host_service.get_host(session, host)
     allowed_hosts = allowed_models = None
     if owner is not None and not override:
-        limits = rules_service.resolve_limits(session, owner)
+        limits = resolve_limits(session, owner)
         allowed_hosts = limits["allowed_hosts"].value
         allowed_models = limits["allowed_models"].value
     return Request(count=count, host=host, model=c.model or None, min_memory_mib=c.min_memory_mib,

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from app.db import advisory_xact_lock
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import AuditLog, Device, Group, Host, ReservationDevice, SharingRule, User, utcnow
-from app.services.rules import LIMIT_FIELDS, LIST_LIMITS, RULES_LOCK_KEY, SCOPES
+from app.services.limits import LIMIT_FIELDS, LIST_LIMITS, SCOPES
+from app.services.rules import RULES_LOCK_KEY
 
 
 # ---------------------------------------------------------------------------- rule administration

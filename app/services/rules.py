@@ -1,10 +1,6 @@
-"""Sharing rules: resolution per user, the one validator for create and change, and usage.
-The admin operations on rules and open devices are :mod:`app.services.rule_admin`.
-
-Resolution (per limit): the most specific scope that *sets* the limit wins, user over group
-over default. ``None`` in a rule means "this rule does not set that limit" (it is inherited
-from a less specific scope). A user in several groups gets the most generous group value:
-the largest number, the union of the allowed lists.
+"""Sharing rules: the one validator for create and change, and usage. Each limit's value
+for a user comes from :mod:`app.services.limits`; the admin operations on rules and open
+devices are :mod:`app.services.rule_admin`.
 
 Quantities:
 
@@ -37,54 +33,18 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from app.db import advisory_xact_lock
 from app.errors import RuleViolation
-from app.models import (
-    AuditLog,
-    Device,
-    Group,
-    GroupMember,
-    Host,
-    Reservation,
-    SharingRule,
-    User,
-)
+from app.models import AuditLog, Device, Host, Reservation, User
 from app import timeutil
 from app.services import calendar_quotas
-from app.services.boost_limits import apply_boosts
+from app.services.limits import Limit, resolve_limits
 from app.services.calendar_quotas import CALENDAR_LIMITS
 from app.services.quotas import (WINDOW_DAYS, fmt_hours, fmt_local, overfills, owner_rows, peak, quota_window,
                                  requested_hours, window_hours)
 from app.timeutil import fmt_duration
-
-NUMERIC_LIMITS = (
-    "max_devices",
-    "max_duration_seconds",
-    "max_ahead_seconds",
-    "max_gpu_hours_7d",
-    "max_concurrent_reservations",
-    "max_gpu_hours_day",
-    "max_gpu_hours_week",
-    "max_gpu_hours_month",
-)
-LIST_LIMITS = ("allowed_hosts", "allowed_models")
-# Thresholds above which a booking awaits approval (resolved like numeric limits: the larger
-# group value is the more generous); :mod:`app.services.approvals` applies them.
-APPROVAL_FIELDS = ("approval_above_devices", "approval_above_seconds", "approval_above_ahead_seconds",
-                   "approval_above_gpu_hours")
-# Check-in and idle-holder settings (resolved like the limits; applied by app.services.checkin):
-# minutes, a percent and the silence policy. Unset: no check-in, no idle question.
-CHECKIN_FIELDS = ("checkin_minutes", "checkin_min_booking_minutes", "checkin_grace_minutes", "idle_below_percent",
-                  "idle_after_minutes", "idle_grace_minutes", "idle_silence")
-IDLE_SILENCES = ("nothing", "release_idle_devices", "release")  # the most generous first
-LIMIT_FIELDS = NUMERIC_LIMITS + LIST_LIMITS + APPROVAL_FIELDS + CHECKIN_FIELDS
-# Where the larger value is not the more generous one for a member of several groups: a lower
-# idle threshold flags less, and a milder silence policy releases less.
-_GENEROSITY = {"idle_below_percent": lambda v: -v, "idle_silence": lambda v: -IDLE_SILENCES.index(v)}
-SCOPES = ("default", "group", "user")
 
 # pg_advisory_xact_lock keys: namespace in the high 32 bits, the id in the low ones.
 QUOTA_LOCK_NAMESPACE = 0x51554F54  # "QUOT": one lock per user while counting quotas
@@ -96,86 +56,6 @@ COUNTED_LIMITS = ("max_devices", "max_concurrent_reservations", "max_gpu_hours_7
 def quota_lock_key(user_id: int) -> int:
     """The advisory-lock key that serialises quota counting for one user."""
     return (QUOTA_LOCK_NAMESPACE << 32) | (user_id & 0xFFFFFFFF)
-
-
-# ---------------------------------------------------------------------------- resolution
-
-
-@dataclass(frozen=True)
-class Limit:
-    """One effective limit: its value (``None`` = unlimited) and where it comes from."""
-
-    name: str
-    value: Any
-    scope: str | None = None  # "user", "group:<name>", "default", "boost:<id>"; None when no rule sets it
-    rule_id: int | None = None
-    base: Any = None  # under a boost: the value the rules give
-    boost_id: int | None = None
-    boost_until: datetime | None = None
-
-
-def resolve_limits(session: Session, user: User, *, now: datetime | None = None,
-                   until: datetime | None = None) -> dict[str, Limit]:
-    """Each limit's effective value for ``user`` with its source (see the module docstring).
-
-    With ``now``, the user's approved boosts that last past ``now`` (and, with ``until``, the
-    end of the request, to or past ``until``) raise the limits they name.
-    """
-    # one statement: only the rules that apply to ``user``, with their group's name
-    member_of = select(GroupMember.group_id).where(GroupMember.user_id == user.id)
-    found = session.execute(
-        select(SharingRule, Group.name)
-        .outerjoin(Group, Group.id == SharingRule.group_id)
-        .where(or_(
-            SharingRule.scope == "default",
-            and_(SharingRule.scope == "user", SharingRule.user_id == user.id),
-            and_(SharingRule.scope == "group", SharingRule.group_id.in_(member_of)),
-        ))
-        .order_by(SharingRule.id)
-    ).all()
-    rules = [r for r, _name in found]
-    group_names = {r.group_id: name for r, name in found if r.scope == "group"}
-    user_rules = [r for r in rules if r.scope == "user" and r.user_id == user.id]
-    group_rules = [r for r in rules if r.scope == "group" and r.group_id in group_names]
-    default_rules = [r for r in rules if r.scope == "default"]
-    out: dict[str, Limit] = {}
-    for f in LIMIT_FIELDS:
-        limit = Limit(f, None)
-        for r in reversed(user_rules):
-            if getattr(r, f) is not None:
-                limit = Limit(f, _copy(getattr(r, f)), "user", r.id)
-                break
-        else:
-            setting = [r for r in group_rules if getattr(r, f) is not None]
-            if setting:
-                if f in LIST_LIMITS:
-                    merged: list[str] = []
-                    for r in setting:
-                        merged += [v for v in getattr(r, f) if v not in merged]
-                    best = max(setting, key=lambda r: len(getattr(r, f)))
-                    limit = Limit(f, merged, f"group:{group_names.get(best.group_id, best.group_id)}", best.id)
-                else:
-                    rank = _GENEROSITY.get(f, lambda v: v)
-                    best = max(setting, key=lambda r: rank(getattr(r, f)))
-                    limit = Limit(f, getattr(best, f), f"group:{group_names.get(best.group_id, best.group_id)}", best.id)
-            else:
-                for r in reversed(default_rules):
-                    if getattr(r, f) is not None:
-                        limit = Limit(f, _copy(getattr(r, f)), "default", r.id)
-                        break
-        out[f] = limit
-    if now is not None and user.boost_until is not None and user.boost_until > now:
-        apply_boosts(session, user, out, now=now, until=until)
-    return out
-
-
-def _copy(v: Any) -> Any:
-    return list(v) if isinstance(v, list) else v
-
-
-def effective_limits(session: Session, user: User) -> dict[str, object]:
-    """Each limit's value for ``user`` (``None`` = unlimited); see :func:`resolve_limits`."""
-    return {name: lim.value for name, lim in resolve_limits(session, user).items()}
 
 
 def model_allowed(name: str | None, patterns: Sequence[str]) -> bool:

@@ -91,3 +91,47 @@ def test_placement_statement_count_does_not_grow_with_devices(app, client, lab, 
     # idle devices are preferred over those with a compute process (read in the same statement)
     got = {d["uuid"] for d in r.json()["devices"]}
     assert not got & {d["uuid"] for d in devices[:4]}
+
+
+def _statements_built(fn) -> tuple[object, list[str]]:
+    """``fn()`` and the SQL statements whose cache key SQLAlchemy computed while it ran: one
+    built anew for the call (rather than once, with bound parameters) is hashed every time."""
+    from sqlalchemy.sql.cache_key import HasCacheKey
+    from sqlalchemy.sql.elements import ReleaseSavepointClause, SavepointClause
+
+    built: list[str] = []
+    original = HasCacheKey._generate_cache_key
+
+    def counting(self):
+        if not isinstance(self, (SavepointClause, ReleaseSavepointClause)):  # SQLAlchemy's own, one per savepoint
+            built.append(f"{type(self).__name__}: {str(self)[:100]}")
+        return original(self)
+
+    HasCacheKey._generate_cache_key = counting
+    try:
+        return fn(), built
+    finally:
+        HasCacheKey._generate_cache_key = original
+
+
+def test_a_named_booking_builds_no_statement_after_the_first(app, client, lab):
+    """Authentication, device resolution, the rules, the conflict check and the inserts run
+    statements built once per process (building and hashing one anew cost more CPU than the
+    database spent running it). One device: the ORM inserts several reservation_devices rows
+    with a RETURNING statement it derives anew for each flush."""
+    for i in range(2):  # the first bookings build and cache every statement of the path
+        assert book(client, lab.alice, [lab.devices[i]], future(2)).status_code == 201
+    r, built = _statements_built(lambda: book(client, lab.alice, [lab.devices[2]], future(2)))
+    assert r.status_code == 201, r.text
+    assert built == [], "\n".join(built)
+
+
+def test_every_server_default_has_a_python_default():
+    """The ORM never asks a row's server defaults back (``eager_defaults=False`` on the base,
+    which keeps each INSERT one cached statement), so every column with a server default
+    must have a Python default that the ORM sends instead."""
+    from app.models import Base
+
+    alone = [f"{t.name}.{c.name}" for t in Base.metadata.tables.values() for c in t.columns
+             if c.server_default is not None and c.default is None]
+    assert alone == []

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select, update
 
 from app.models import AuditLog, QuotaBoost, User
-from app.services import rules as rules_service
+from app.services.limits import resolve_limits
 from tests.conftest import book, future
 
 
@@ -71,9 +71,9 @@ def test_boost_expires_by_itself(client, lab, session_factory):
     with session_factory() as s:
         alice = s.scalar(select(User).where(User.username == "alice"))
         now = datetime.now(UTC)
-        assert rules_service.resolve_limits(s, alice, now=now)["max_gpu_hours_week"].value == 50
+        assert resolve_limits(s, alice, now=now)["max_gpu_hours_week"].value == 50
         after = now + timedelta(days=4)
-        assert rules_service.resolve_limits(s, alice, now=after)["max_gpu_hours_week"].value == 2
+        assert resolve_limits(s, alice, now=after)["max_gpu_hours_week"].value == 2
     with session_factory.begin() as s:  # its end passes
         s.execute(update(QuotaBoost).values(ends_at=datetime.now(UTC) - timedelta(minutes=1)))
     r = book(client, lab.alice, [0], future(2), duration="PT3H")

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import update
 
 from app import i18n
-from app.services.rules import LIMIT_FIELDS
+from app.services.limits import LIMIT_FIELDS
 from app.db import run_in_transaction
 from app.models import Reservation
 from tests.conftest import gpu, snapshot_body
