@@ -43,9 +43,11 @@ def devices_sorted(r: Reservation) -> list[Device]:
 # ---------------------------------------------------------------------------- conflicts
 
 
-def _overlap_params(devices: Sequence[Device], start: datetime, end: datetime) -> dict:
-    """The parameters of :data:`_OVERLAP` for ``devices`` in ``[start, end)``."""
+def _overlap_params(devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None) -> dict:
+    """The parameters of :data:`_CONFLICT_IDS` and :data:`_BUSY` for ``devices`` in
+    ``[start, end)``, leaving out the reservation ``exclude_id`` (``None``: none)."""
     return {
+        "exclude_id": exclude_id or 0,
         "ids": [d.id for d in devices],
         "whole_phys": [d.physical_id for d in devices if not d.parent_id],
         "slice_phys": [d.physical_id for d in devices if d.parent_id],
@@ -69,11 +71,11 @@ _OVERLAP = and_(
         and_(ReservationDevice.physical_id.in_(bindparam("slice_phys", expanding=True)), ReservationDevice.slice_kind != 1),
     ),
 )
-_NOT_EXCLUDED = ReservationDevice.reservation_id != bindparam("exclude_id")
-_CONFLICT_IDS = select(ReservationDevice.reservation_id).where(_OVERLAP)
-_CONFLICT_IDS_EXCEPT = _CONFLICT_IDS.where(_NOT_EXCLUDED)
-_BUSY = select(ReservationDevice.start_at, ReservationDevice.end_at).where(_OVERLAP)
-_BUSY_EXCEPT = _BUSY.where(_NOT_EXCLUDED)
+# ... other than those of the reservation ``exclude_id`` (0 excludes none: row ids start at 1)
+_CONFLICT_IDS = select(ReservationDevice.reservation_id).where(
+    _OVERLAP, ReservationDevice.reservation_id != bindparam("exclude_id"))
+_BUSY = select(ReservationDevice.start_at, ReservationDevice.end_at).where(
+    _OVERLAP, ReservationDevice.reservation_id != bindparam("exclude_id"))
 
 
 @dataclass(frozen=True)
@@ -182,11 +184,7 @@ def find_conflicts(
     session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None = None
 ) -> list[Reservation]:
     """Active reservations holding any of ``devices`` (or their MIG parent/slices) in ``[start, end)``."""
-    params = _overlap_params(devices, start, end)
-    if exclude_id is not None:
-        ids = set(session.scalars(_CONFLICT_IDS_EXCEPT, {**params, "exclude_id": exclude_id}))
-    else:
-        ids = set(session.scalars(_CONFLICT_IDS, params))
+    ids = set(session.scalars(_CONFLICT_IDS, _overlap_params(devices, start, end, exclude_id)))
     if not ids:
         return []
     return list(session.scalars(select(Reservation).where(Reservation.id.in_(ids)).options(*loaded_options()).order_by(Reservation.start_at)))
@@ -196,11 +194,7 @@ def earliest_free_start(
     session: Session, *, devices: Sequence[Device], after: datetime, length: timedelta, exclude_id: int | None = None
 ) -> datetime:
     """The earliest instant ``t >= after`` at which all ``devices`` are free for ``[t, t + length)``."""
-    params = _overlap_params(devices, after, MAX_INSTANT)
-    if exclude_id is not None:
-        busy = sorted(session.execute(_BUSY_EXCEPT, {**params, "exclude_id": exclude_id}).all())
-    else:
-        busy = sorted(session.execute(_BUSY, params).all())
+    busy = sorted(session.execute(_BUSY, _overlap_params(devices, after, MAX_INSTANT, exclude_id)).all())
     t = after
     moved = True
     while moved:
