@@ -23,6 +23,7 @@ from app.web import apidocs
 from app.config import Settings, get_settings
 from app.db import build_engine, build_session_factory, write_gate_for
 from app.errors import PayloadTooLarge
+from app.periodic import mark_background
 from app.problems import install_error_handlers, problem_response
 from app.routes import mount
 
@@ -98,6 +99,7 @@ async def _flush_token_usage(app: FastAPI) -> None:
 
 
 async def _flush_token_usage_every(app: FastAPI, seconds: float) -> None:
+    mark_background("flushing token use")
     while True:
         await asyncio.sleep(seconds)
         await _flush_token_usage(app)

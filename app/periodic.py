@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import TypeVar
 
 from fastapi import FastAPI
@@ -22,12 +23,30 @@ from starlette.concurrency import run_in_threadpool
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# Set for the life of each background task; the threads it hands work to inherit it (both
+# asyncio.to_thread and Starlette's thread pool copy the caller's context).
+_BACKGROUND: ContextVar[str | None] = ContextVar("gpuroster_background_work", default=None)
+
+
+def background_work() -> str | None:
+    """What background work the calling code runs for (``"the waitlist round"``, ...), or
+    ``None`` when it serves a request. Background rounds run at their own times, so whoever
+    attributes database work to requests (the statement-count tests) tells them apart here."""
+    return _BACKGROUND.get()
+
+
+def mark_background(what: str) -> None:
+    """Mark the current asyncio task, and the threads it hands work to, as background work
+    ``what``; call it first thing in the task."""
+    _BACKGROUND.set(what)
+
 
 async def repeat(app: FastAPI, *, what: str, work: Callable[[FastAPI], T], period: float, first_delay: float = 0.0,
                  report: Callable[[T], None] | None = None) -> None:
     """Run ``work(app)`` in the thread pool after ``first_delay`` seconds, then every
     ``period`` seconds until cancelled; ``report(result)`` logs what a round did. ``what``
     names the work in the log line of a failed round."""
+    mark_background(what)
     await asyncio.sleep(first_delay)
     while True:
         try:
@@ -63,4 +82,4 @@ def run_periodically(app: FastAPI, *, name: str, what: str, work: Callable[[Fast
     app.router.lifespan_context = lifespan
 
 
-__all__ = ["repeat", "run_periodically"]
+__all__ = ["background_work", "mark_background", "repeat", "run_periodically"]

@@ -284,6 +284,29 @@ def process_timezone(name: str) -> Iterator[str]:
         time.tzset()
 
 
+@contextmanager
+def request_statements(engine, keep=lambda statement: True) -> Iterator[list[str]]:
+    """The SQL statements (those ``keep`` accepts) that requests send through ``engine``
+    while the block runs, in order. The app's background work (periodic rounds, the
+    token-use flush: :func:`app.periodic.background_work`) runs at its own times, on a
+    loaded machine in the middle of a request, so its statements are left out."""
+    from sqlalchemy import event
+
+    from app.periodic import background_work
+
+    seen: list[str] = []
+
+    def listen(conn, cursor, statement, params, context, executemany):  # noqa: ANN001
+        if background_work() is None and keep(statement):
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+
+
 def book(client, actor, devices, start, end=None, *, host="node-01", **extra):
     """POST /api/v1/reservations; ``start``/``end`` may be datetimes or strings (default length 1 h)."""
     body = {"host": host, "devices": devices, "start": start.isoformat() if isinstance(start, datetime) else start, **extra}

@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from pydantic import TypeAdapter
-from sqlalchemy import event, update
+from sqlalchemy import update
 
 from app.schemas.host import DeviceRead
-from tests.conftest import book, future, gpu, snapshot_body
+from tests.conftest import book, future, gpu, request_statements, snapshot_body
 
 DEVICES = TypeAdapter(list[DeviceRead])
 
@@ -103,19 +103,10 @@ def test_device_list_by_host_and_pages_match(client, lab, make_host, session_fac
 
 def test_device_list_statement_count_does_not_grow_with_devices(app, client, lab, make_host, session_factory):
     _rich_lab(client, lab, make_host, session_factory)
-    seen: list[str] = []
-
-    def listen(conn, cursor, statement, params, context, executemany):
-        seen.append(statement)
-
     def count() -> list[str]:
-        seen.clear()
-        event.listen(app.state.engine, "before_cursor_execute", listen)
-        try:
+        with request_statements(app.state.engine) as seen:
             assert client.get("/api/v1/devices", headers=lab.alice.headers).status_code == 200
-        finally:
-            event.remove(app.state.engine, "before_cursor_execute", listen)
-        return list(seen)
+        return seen
 
     first, again = count(), count()
     # BEGIN (SQLite), the token, hosts, the devices' key, live findings, open quarantines,

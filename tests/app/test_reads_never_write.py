@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import event, select
+from sqlalchemy import select
 
-from tests.conftest import book, future
+from tests.conftest import book, future, request_statements
 
 READ_PATHS = [
     "/api/v1/me",
@@ -30,17 +30,8 @@ WRITE_VERBS = ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER
 
 
 def _writes_during(engine, fn) -> list[str]:
-    seen: list[str] = []
-
-    def listen(conn, cursor, statement, params, context, executemany):
-        if statement.lstrip().upper().startswith(WRITE_VERBS):
-            seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", listen)
-    try:
+    with request_statements(engine, keep=lambda s: s.lstrip().upper().startswith(WRITE_VERBS)) as seen:
         fn()
-    finally:
-        event.remove(engine, "before_cursor_execute", listen)
     return seen
 
 

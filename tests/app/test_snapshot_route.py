@@ -10,13 +10,12 @@ import json
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import event
 
 from agent.schema import Snapshot
 from app.db import run_in_transaction
 from app.problems import install_error_handlers
 from app.services import hosts as host_service
-from tests.conftest import Actor, gpu, snapshot_body
+from tests.conftest import Actor, gpu, request_statements, snapshot_body
 
 URL = "/api/v1/agent/snapshots"
 DEVICES = [gpu(f"GPU-{i}{i}{i}{i}bbbb-0000-0000-0000-00000000000{i}", i) for i in range(4)]
@@ -116,17 +115,10 @@ def test_statements_per_unchanged_snapshot(app, client, make_host) -> None:
     for seq in (1, 2):
         body = snapshot_body("node-01", seq, DEVICES, procs, collected_at=t0 + timedelta(seconds=seq))
         assert client.post(URL, json=body, headers=host.headers).status_code == 200
-    seen: list[str] = []
-
-    def listen(conn, cursor, statement, params, context, executemany):  # noqa: ANN001
-        seen.append(" ".join(statement.split()[:3]).upper())
-
-    event.listen(app.state.engine, "before_cursor_execute", listen)
-    try:
+    with request_statements(app.state.engine) as statements:
         body = snapshot_body("node-01", 3, DEVICES, procs, collected_at=t0 + timedelta(seconds=3))
         assert client.post(URL, json=body, headers=host.headers).status_code == 200
-    finally:
-        event.remove(app.state.engine, "before_cursor_execute", listen)
+    seen = [" ".join(s.split()[:3]).upper() for s in statements]
     work = [s for s in seen if s.split()[0] not in ("BEGIN", "SAVEPOINT", "RELEASE")]
     assert len(work) == (8 if app.state.engine.dialect.name == "postgresql" else 11), "\n".join(seen)
     with app.state.engine.connect() as c:
