@@ -20,6 +20,12 @@ from app.config import normalize_database_url
 from tests.conftest import future, gpu, snapshot_body
 from testkit.live import gpuroster_env, live_server
 
+# Seconds a client waits for an answer. These tests judge what is written (no overlap, no 5xx),
+# not latency. On SQLite, two processes take turns at the file lock through its busy handler,
+# which favours the process already writing; on a loaded 2-core machine one request waited
+# over 60 s for its process's write turn (the turn itself has no deadline).
+ANSWER_TIMEOUT = 300
+
 OVERLAPS = text(
     """
     SELECT count(*) FROM reservation_devices a JOIN reservation_devices b
@@ -93,7 +99,7 @@ def test_b21_twenty_parallel_requests_one_201(db_url, tmp_path):
 
         def post(i: int) -> httpx.Response:
             url = url_a if i % 2 == 0 else url_b
-            with httpx.Client(timeout=60) as client:
+            with httpx.Client(timeout=ANSWER_TIMEOUT) as client:
                 return _post_until_answered(client, url + "/api/v1/reservations", json=body,
                                             headers={"Authorization": f"Bearer {tokens[i]}"})
 
@@ -123,7 +129,7 @@ def test_b21_heavy_64_clients_8_devices_no_overlap_no_500(db_url, tmp_path):
         attempts.append((i, devs, s, s + timedelta(minutes=15 * rng.randint(1, 8))))
     with live_server(env, migrate=False, log=tmp_path / "a.log") as url_a, live_server(env, migrate=False, log=tmp_path / "b.log") as url_b:
         _register_devices(url_a, host_token, uuids)
-        clients = [httpx.Client(base_url=(url_a if i % 2 else url_b), timeout=60) for i in range(2)]
+        clients = [httpx.Client(base_url=(url_a if i % 2 else url_b), timeout=ANSWER_TIMEOUT) for i in range(2)]
 
         def post(a) -> int:
             i, devs, s, e = a
