@@ -30,6 +30,7 @@ from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import Forbidden
 from app.models import AuditLog, Device, GroupMember, Reservation, ReservationDevice, User
+from app.models.reservation import PENDING
 from app.services import holder_notices, lifecycle
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import fmt_duration, fmt_hours, fmt_local
@@ -94,7 +95,7 @@ def may_decide_for(session: Session, actor: User, user_id: int) -> bool:
 
 def list_pending(session: Session, *, actor: User, now: datetime, load_options: list) -> list[Reservation]:
     """Pending reservations (before their start) ``actor`` may decide, soonest first."""
-    q = select(Reservation).where(Reservation.status == "pending", Reservation.start_at > now)
+    q = select(Reservation).where(PENDING, Reservation.start_at > now)
     if not actor.is_admin:
         q = q.where(Reservation.user_id.in_(managed_user_ids(session, actor)))
     return list(session.scalars(q.options(*load_options).order_by(Reservation.start_at, Reservation.id)))
@@ -150,7 +151,7 @@ def expire_due(session: Session, *, now: datetime, settings: Settings, load, ids
     """Store ``expired`` for pending reservations at or past their start (all, or those of
     ``ids``), free their devices and tell their owners. Each under its row lock, so an
     approval that got there first wins (it is then no longer pending and is skipped)."""
-    q = select(Reservation.id).where(Reservation.status == "pending", Reservation.start_at <= now)
+    q = select(Reservation.id).where(PENDING, Reservation.start_at <= now)
     if ids is not None:
         q = q.where(Reservation.id.in_(list(ids)))
     out = []
