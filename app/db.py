@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, text
@@ -201,6 +201,43 @@ def run_in_transaction(
                     continue
                 raise
     raise RuntimeError("unreachable")
+
+
+class WriteTurnBusy(Exception):
+    """This process's SQLite write turn did not come within the wait allowed: the writes queued
+    ahead of the request (usually because another process holds the database's write lock)
+    took too long. Nothing was written; answered 503 busy with ``Retry-After``."""
+
+
+@asynccontextmanager
+async def write_turn(app: Any, *, wait: float | None) -> AsyncIterator[None]:
+    """Hold this process's SQLite write turn (see :func:`write_gate_for`) for the block; a no-op
+    on PostgreSQL. ``wait``: the most seconds to queue for it (``None``: as long as it takes,
+    for background work that no client waits on).
+
+    Raises :class:`WriteTurnBusy` when ``wait`` passes first. Without a bound, a queue of
+    requests behind a writer that itself waits out SQLite's busy timeout (another process holds
+    the lock) would each wait for all those ahead of it: clients saw answers after a minute.
+    """
+    gate = write_gate_for(app)
+    if gate is None:
+        yield
+        return
+    try:
+        async with asyncio.timeout(wait):
+            await gate.acquire()
+    except TimeoutError:
+        raise WriteTurnBusy(f"no write turn within {wait:g} s: other writes hold the database") from None
+    try:
+        yield
+    finally:
+        gate.release()
+
+
+def request_write_wait(settings: Settings) -> float:
+    """The most seconds a request queues for its write turn: SQLite's own busy timeout, so a
+    request waits for its turn no longer than its turn may wait for the database's lock."""
+    return settings.sqlite_busy_timeout_ms / 1000
 
 
 def write_gate_for(app: Any) -> asyncio.Lock | None:

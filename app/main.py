@@ -21,7 +21,7 @@ from app.api import (agent, approvals, boosts, checkin, feeds, findings, hosts, 
                      reports, reservations, rules, users, waitlist)
 from app.web import apidocs
 from app.config import Settings, get_settings
-from app.db import build_engine, build_session_factory, write_gate_for
+from app.db import build_engine, build_session_factory, write_turn
 from app.errors import PayloadTooLarge
 from app.periodic import mark_background
 from app.problems import install_error_handlers, problem_response
@@ -90,11 +90,7 @@ TOKEN_USAGE_FLUSH_SECONDS = 30.0
 async def _flush_token_usage(app: FastAPI) -> None:
     """Write the noted API-token uses in their own short transaction, taking this process's
     SQLite write turn like a write request (so it never contends with one in the process)."""
-    gate = write_gate_for(app)
-    if gate is None:
-        await asyncio.to_thread(app.state.token_usage.flush, app.state.session_factory)
-        return
-    async with gate:
+    async with write_turn(app, wait=None):
         await asyncio.to_thread(app.state.token_usage.flush, app.state.session_factory)
 
 

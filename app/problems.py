@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.db import WriteTurnBusy
 from app.errors import AppError, localize_instants
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,11 @@ def install_error_handlers(app: FastAPI) -> None:
             raise exc
         log.warning("database busy after retries: %s", exc.orig)
         return busy_response("the database is busy; retry shortly")
+
+    @app.exception_handler(WriteTurnBusy)
+    async def _no_write_turn(request: Request, exc: WriteTurnBusy):
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return busy_response("the database is busy with other writes; retry shortly", request.url.path)
 
     @app.exception_handler(IntegrityError)
     async def _integrity(request: Request, exc: IntegrityError):

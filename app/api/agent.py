@@ -20,7 +20,7 @@ from agent.schema import Snapshot, SnapshotAck
 from app.routes import api_router
 from app.api import snapshot_body
 from app.api.deps import current_host
-from app.db import transaction, write_gate_for
+from app.db import request_write_wait, transaction, write_turn
 from app.services import ingest
 
 router = api_router("/agent", tags=["agent"])
@@ -50,12 +50,9 @@ async def post_snapshot(request: Request) -> Response:
     re-validating it against ``response_model`` on every snapshot cost more than the ingest.
     """
     snapshot, errors = snapshot_body.parse(await request.body(), request.headers.get("content-type"))
-    gate = write_gate_for(request.app)
-    if gate is None:
+    # SQLite: one write transaction at a time per process (app.api.deps._write_turn)
+    async with write_turn(request.app, wait=request_write_wait(request.app.state.settings)):
         body = await run_in_threadpool(_ingest, request, snapshot, errors)
-    else:
-        async with gate:  # SQLite: one write transaction at a time per process (app.api.deps._write_turn)
-            body = await run_in_threadpool(_ingest, request, snapshot, errors)
     return Response(content=body, media_type="application/json")
 
 

@@ -14,7 +14,7 @@ from fastapi import Depends, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db import transaction, write_gate_for
+from app.db import request_write_wait, transaction, write_turn
 from app.errors import Forbidden, Unauthorized
 from app.models import Host, User
 from app.security import HOST_TOKEN_PREFIX
@@ -32,7 +32,8 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 async def _write_turn(request: Request) -> AsyncIterator[None]:
-    """On SQLite, one write transaction at a time per process, queued on an asyncio lock.
+    """On SQLite, one write transaction at a time per process, queued on an asyncio lock
+    (:func:`app.db.write_turn`, waiting at most :func:`app.db.request_write_wait`).
 
     SQLite has one writer. Left to themselves, the threads of one process would contend for
     the file lock through SQLite's busy handler, which sleeps in steps of up to 100 ms, and
@@ -40,11 +41,8 @@ async def _write_turn(request: Request) -> AsyncIterator[None]:
     blocked on a lock would hold one of the worker pool's slots, and enough of them starve
     the request that holds the lock). No-op on PostgreSQL.
     """
-    gate = write_gate_for(request.app)
-    if gate is None:
-        yield
-        return
-    async with gate:
+    app = request.app
+    async with write_turn(app, wait=request_write_wait(app.state.settings)):
         yield
 
 
