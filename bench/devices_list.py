@@ -130,8 +130,8 @@ def main() -> None:
     b50 = pct(base, 50)
     print(f"  {'GET /api/v1/me (baseline)':44s}{min(base):9.1f}{b50:9.1f}{pct(base, 99):9.1f}{'':>8}{1.0:12.1f}{'':>11}")
     rows = (
-        (f"before: whole list, model-built (service)", model_ms, None),
-        (f"before: whole list, plain rows (service)", plain_ms, None),
+        ("before: whole list, model-built (service)", model_ms, None),
+        ("before: whole list, plain rows (service)", plain_ms, None),
         (f"GET /api/v1/devices ({len(pages)} pages), cold", cold_devs, None),
         (f"GET /api/v1/devices ({len(pages)} pages), warm", devs, devs_size),
         ("before: /metrics scrape (service)", scrape_ms, None),

@@ -22,7 +22,7 @@ import threading
 from collections import defaultdict, namedtuple
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import case, func, select, true

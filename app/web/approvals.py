@@ -64,7 +64,7 @@ def decide(request: Request, reservation_id: int, viewer: FormViewer, session: W
 
 
 @router.post("/approvals/boosts/{boost_id}")
-def decide(request: Request, boost_id: int, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep,
+def decide_boost(request: Request, boost_id: int, viewer: FormViewer, session: WriteSessionDep, settings: SettingsDep,
            form: FormBody) -> Response:
     """Approve or deny (form field ``decision``) a boost with an optional ``reason``."""
     decision = form_str(form, "decision")
