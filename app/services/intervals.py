@@ -27,7 +27,8 @@ class Interval:
 
 
 def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
-    """``[start, end)`` in UTC from a create request; raises InvalidInput naming the field."""
+    """``[start, end)`` in UTC from a create request; raises InvalidInput naming the field
+    (``duration`` as well when start plus duration falls after year 9999)."""
     if data.start.strip().lower() == "asap":
         start = now
     else:
@@ -38,7 +39,11 @@ def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
         assert data.duration is not None
         if data.duration <= timedelta(0):
             raise InvalidInput("duration: must be positive", field="duration")
-        end = start + data.duration
+        try:
+            end = start + data.duration
+        except OverflowError:  # past datetime.max: no calendar, database or feed could hold it
+            raise InvalidInput(f"duration: {data.duration.days} days from start ends after year 9999",
+                               field="duration") from None
     return Interval(start, end)
 
 

@@ -168,9 +168,19 @@ def expand(
     *, freq: str, interval: int, weekdays: list[int] | None, start_date: date, start_time: time,
     duration: timedelta, tz: ZoneInfo, until: date | None, count: int | None,
 ) -> list[tuple[date, datetime, datetime]]:
-    """(day, start, end) of every occurrence; raises InvalidInput if occurrences overlap each other."""
-    days = occurrence_days(freq=freq, interval=interval, weekdays=weekdays, start_date=start_date, until=until, count=count)
-    out = [(d, *occurrence_interval(d, start_time, duration, tz)) for d in days]
+    """(day, start, end) of every occurrence; raises InvalidInput if occurrences overlap each other
+    or the series runs past the calendar's last day (31 December 9999: no date, database or
+    feed can hold a later one)."""
+    try:
+        days = occurrence_days(freq=freq, interval=interval, weekdays=weekdays, start_date=start_date, until=until,
+                               count=count)
+    except OverflowError:
+        raise InvalidInput(f"start_date: a series from {start_date} runs past year 9999", field="start_date") from None
+    try:
+        out = [(d, *occurrence_interval(d, start_time, duration, tz)) for d in days]
+    except OverflowError:
+        raise InvalidInput(f"duration: an occurrence of {duration.days} days ends after year 9999",
+                           field="duration") from None
     for (d1, _s1, e1), (d2, s2, _e2) in zip(out, out[1:]):
         if e1 > s2:
             raise InvalidInput(f"duration: the occurrence of {d1} runs into the one of {d2}; shorten it", field="duration")

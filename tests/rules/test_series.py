@@ -293,3 +293,13 @@ def test_occurrences_overlapping_each_other_are_refused():
                               start_time=datetime.strptime("09:00", "%H:%M").time(), duration=timedelta(hours=25),
                               tz=BERLIN, until=None, count=3)
     assert e.value.field == "duration"
+
+
+def test_a_series_past_year_9999_is_refused_naming_the_field_and_nothing_is_stored(client, lab):
+    base = {"host": "node-01", "devices": [0], "freq": "daily", "start_time": "10:00", "count": 3}
+    for extra, field in (({"start_date": "2027-01-04", "duration": "P999999999D"}, "duration"),
+                         ({"start_date": "9999-12-30", "duration": "PT2H"}, "start_date")):
+        r = client.post("/api/v1/series", json={**base, **extra}, headers=lab.alice.headers)
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == field and "9999" in r.json()["detail"], r.text
+    assert client.get("/api/v1/reservations", headers=lab.alice.headers).json()["total"] == 0
