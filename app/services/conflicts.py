@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from app.errors import ReservationConflict
 from app.models import Device, Reservation, ReservationDevice, ReservationShare
 from app.schemas.reservation import ConflictRef
+from app.services.device_names import device_label
 from app.timeutil import MAX_INSTANT, add_capped, fmt_local
 
 UTC_ZONE = ZoneInfo("UTC")
@@ -208,10 +209,12 @@ def earliest_free_start(
 
 def conflict_error(
     session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None,
-    tz: ZoneInfo = UTC_ZONE,
+    tz: ZoneInfo = UTC_ZONE, viewer: str | None = None,
 ) -> ReservationConflict:
-    """A 409 naming each conflicting reservation and the earliest free start: the message in
-    the lab's zone ``tz``; ``conflicts`` and ``earliest_free_start`` as ISO 8601 UTC."""
+    """A 409 naming each conflicting reservation and the earliest free start. The message is
+    for people: times in the lab's zone ``tz``, devices by their labels (``GPU 0``,
+    ``GPU 0 · MIG 4``), the reservations of ``viewer`` (the requester's username) called
+    theirs; ``conflicts`` (UUIDs) and ``earliest_free_start`` (ISO 8601 UTC) are for machines."""
     conflicts = find_conflicts(session, devices=devices, start=start, end=end, exclude_id=exclude_id)
     free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
     refs = [
@@ -220,8 +223,14 @@ def conflict_error(
         ).model_dump(mode="json")
         for c in conflicts
     ]
+    parent_ids = {i.device.parent_id for c in conflicts for i in c.items if i.device.parent_id is not None}
+    parents = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(parent_ids)))} if parent_ids else {}
+
+    def whose(c: Reservation) -> str:
+        return "yours" if viewer is not None and c.user.username == viewer else f"by {c.user.username}"
+
     what = "; ".join(
-        f"#{c.id} by {c.user.username} on {', '.join(d.uuid for d in devices_sorted(c))} "
+        f"#{c.id} {whose(c)} on {', '.join(device_label(d, parents.get(d.parent_id)) for d in devices_sorted(c))} "
         f"[{fmt_local(c.start_at, tz)}, {fmt_local(c.end_at, tz)})" for c in conflicts
     ) or "a reservation committed concurrently"
     return ReservationConflict(

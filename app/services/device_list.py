@@ -27,7 +27,8 @@ from sqlalchemy.orm import Session
 from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, User
 from app.models.states import LIVE_FINDING_STATES
 from app.services.conflicts import HeldBy
-from app.services.devices import device_status, host_state, owner_label, process_occupies, slice_label
+from app.services.device_names import slice_label
+from app.services.devices import device_status, host_state, owner_label, process_occupies
 from app.services.lab_holds import FOREVER, now_and_next
 from app.services.plain_holdings import CHUNK, plain_holdings
 from app.services.quarantined import open_by_device, quarantine_of

@@ -17,6 +17,7 @@ from app.models import (
 from app.models.states import LIVE_FINDING_STATES, DeviceStatus, HostStatus
 from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, QuarantineRef, TelemetryRead
 from app.services.conflicts import holder_at, holdings
+from app.services.device_names import device_label
 from app.services.quarantined import open_by_device, quarantine_of
 
 STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
@@ -70,25 +71,6 @@ def list_hosts(session: Session, *, now: datetime) -> list[HostRead]:
     for hid in session.scalars(select(Device.host_id).where(Device.retired_at.is_(None))):
         counts[hid] += 1
     return [host_read(h, now=now, device_count=counts[h.id]) for h in hosts]
-
-
-def device_label(device: Device, parent: Device | None) -> str:
-    """The one name people read for a device: ``"GPU 0"`` for a whole GPU, ``"GPU 0 · MIG 4"``
-    for the MIG slice with GPU-instance id 4 on GPU 0 (``parent``: its whole GPU, ``None``
-    when unknown). Machines use the NVML UUID instead (``MIG-…`` for a slice), which
-    survives re-indexing; the GPU-instance id is what ``nvidia-smi mig -lgi`` lists."""
-    return slice_label(device.index, device.parent_id, device.gpu_instance_id, device.uuid,
-                       parent.index if parent is not None else None)
-
-
-def slice_label(index: int | None, parent_id: int | None, gpu_instance_id: int | None, uuid: str,
-                parent_index: int | None) -> str:
-    """:func:`device_label` from a device's columns (plain rows)."""
-    if parent_id is None:
-        return f"GPU {index}" if index is not None else f"GPU {uuid}"
-    idx = parent_index if parent_index is not None else "?"
-    gi = gpu_instance_id if gpu_instance_id is not None else "?"
-    return f"GPU {idx} · MIG {gi}"
 
 
 @dataclass

@@ -65,7 +65,8 @@ def create(session: Session, *, actor: User, host_name: str, refs: list[str | in
             raise InvalidInput(f"devices: host {host_name!r} has no devices yet", field="devices")
     found = find_conflicts(session, devices=devices, start=start, end=end)
     if found and not override:
-        raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=None, tz=settings.tz)
+        raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=None, tz=settings.tz,
+                             viewer=actor.username)
     done: list[Overridden] = []
     lifecycle.lock_rows(session, [c.id for c in found])
     for c in sorted(found, key=lambda c: c.id):

@@ -30,7 +30,8 @@ from sqlalchemy.orm import Session
 
 from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, User
 from app.models.states import LIVE_FINDING_STATES
-from app.services.devices import CLOCK_TROUBLE_SHOWN, device_status, host_state, owner_label, process_occupies, slice_label
+from app.services.device_names import slice_label
+from app.services.devices import CLOCK_TROUBLE_SHOWN, device_status, host_state, owner_label, process_occupies
 from app.services.lab_holds import FOREVER, LabHolds, now_and_next
 from app.services.plain_holdings import CHUNK, HeldBy, plain_holdings
 from app.services.quarantined import QuarantineNow, open_plain, quarantine_of

@@ -173,7 +173,8 @@ def create_reservation(
     if found and approvals.expire_due(session, now=now, settings=settings, load=load_locked, ids=[c.id for c in found]):
         found = find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
     if found:
-        raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz)
+        raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz,
+                             viewer=actor.username)
 
     r = Reservation(
         user=owner,
@@ -270,7 +271,8 @@ def update_reservation(
         if new_end != r.end_at:
             devices = [i.device for i in r.items if i.end_at >= r.end_at]  # not those released early
             if new_end > r.end_at and find_conflicts(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id):
-                raise conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id, tz=settings.tz)
+                raise conflict_error(session, devices=devices, start=r.end_at, end=new_end, exclude_id=r.id, tz=settings.tz,
+                                     viewer=actor.username)
             rules_service.validate_reservation(
                 session,
                 owner=r.user,

@@ -26,6 +26,7 @@ from app.errors import AppError, InvalidInput
 from app.models import Device, User, utcnow
 from app.schemas.host import HostUpdate
 from app.services import credentials
+from app.services import device_names
 from app.services import devices as device_service
 from app.services import groups as group_service
 from app.services import device_claims
@@ -65,7 +66,7 @@ def admin_context(session: Session, *, viewer: Viewer, **extra: Any) -> dict[str
     return {
         "viewer": viewer, "active": "admin", "users": users, "groups": group_service.list_groups(session),
         "hosts": device_service.list_hosts(session, now=now), "devices": devices, "parents": by_id,
-        "labels": {d.id: device_service.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices},
+        "labels": {d.id: device_names.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices},
         "now": now, "conflicts": device_claims.list_conflicts(session),
         "quarantines": quarantine_service.history(session, limit=50), **extra,
     }

@@ -31,6 +31,7 @@ from app.models import Device, Host, Reservation, utcnow
 from app.schemas.reservation import ReservationCreate
 from app.services import conflicts as conflict_service
 from app.services import device_refs
+from app.services import device_names as naming
 from app.services import devices as device_service
 from app.services import hosts as host_service
 from app.services import reservations as reservation_service
@@ -162,9 +163,9 @@ class BookingCheck:
 
 
 def device_names(devices: list[Device]) -> dict[str, str]:
-    """UUID → label (``GPU 0``, ``GPU 0 · MIG 4``: ``device_service.device_label``) for the given devices."""
+    """UUID → label (``GPU 0``, ``GPU 0 · MIG 4``: ``naming.device_label``) for the given devices."""
     by_id = {d.id: d for d in devices}
-    return {d.uuid: device_service.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices}
+    return {d.uuid: naming.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices}
 
 
 def conflict_lines(conflicts: list[dict[str, Any]] | list[Reservation], names: dict[str, str]) -> list[ConflictLine]:

@@ -20,7 +20,7 @@ from app.config import Settings
 from app.models import utcnow
 from app.models.states import DeviceStatus, HostStatus
 from app.services import checkin
-from app.services import devices as device_service
+from app.services import device_names
 from app.services import now_state
 from app.services import reservations as reservation_service
 from app.services.devices import DeviceView
@@ -81,10 +81,10 @@ class HostCard:
 
 
 def device_label(view: DeviceView, parents: dict[int, DeviceView]) -> str:
-    """The device's name for people (``GPU 0``, ``GPU 0 · MIG 4``: ``device_service.device_label``);
+    """The device's name for people (``GPU 0``, ``GPU 0 · MIG 4``: ``device_names.device_label``);
     ``parents``: the views on the page by device id."""
     parent = parents.get(view.device.parent_id) if view.device.parent_id is not None else None
-    return device_service.device_label(view.device, parent.device if parent is not None else None)
+    return device_names.device_label(view.device, parent.device if parent is not None else None)
 
 
 HOSTS_PER_PAGE = 25

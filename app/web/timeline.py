@@ -26,7 +26,7 @@ from app.errors import InvalidInput
 from app.models import Device, DeviceQuarantine, utcnow
 from app.services import conflicts as conflict_service
 from app.services import hosts as host_service
-from app.services.devices import device_label
+from app.services.device_names import device_label
 from app.services.quarantined import open_by_device, quarantine_of
 from app.web.deps import PageViewer
 from app.web.render import page, page_locale

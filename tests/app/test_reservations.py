@@ -45,7 +45,12 @@ def test_overlapping_booking_gets_409_naming_conflict_and_earliest_free(client, 
     assert doc["conflicts"][0]["id"] == r1.json()["id"]
     assert doc["conflicts"][0]["user"] == "alice"
     assert datetime.fromisoformat(doc["earliest_free_start"]) == start + timedelta(hours=2)
-    assert "alice" in doc["detail"]
+    # people read the detail: devices by their labels, times in the lab's zone
+    assert f"#{r1.json()['id']} by alice on GPU 0, GPU 1 [" in doc["detail"], doc["detail"]
+    assert "GPU-" not in doc["detail"]
+    mine = book(client, lab.alice, [1], start, duration="PT1H")  # the holder's own reservation is called hers
+    assert mine.status_code == 409
+    assert f"#{r1.json()['id']} yours on GPU 0, GPU 1 [" in mine.json()["detail"], mine.json()["detail"]
 
 
 def test_a_body_that_is_not_json_is_a_422_naming_the_body_not_a_character_offset(client, lab):
@@ -134,6 +139,7 @@ def test_b07_whole_gpu_and_mig_slice_exclude_each_other(client, lab, make_host):
     assert book(client, lab.bob, [gi2], s, host="mig-01").status_code == 201  # another slice: fine
     r = book(client, lab.bob, [parent], s, host="mig-01")  # whole GPU: conflicts with both slices
     assert r.status_code == 409 and len(r.json()["conflicts"]) == 2
+    assert "by alice on GPU 0 · MIG 3 [" in r.json()["detail"] and "yours on GPU 0 · MIG 2 [" in r.json()["detail"]
     later = future(30)
     assert book(client, lab.bob, [0], later, host="mig-01").status_code == 201  # index 0 = the whole GPU
     assert book(client, lab.alice, [gi3], later, host="mig-01").status_code == 409
