@@ -13,7 +13,8 @@ service prefers, in this order:
 
 1. devices idle now per the latest telemetry: no compute process, at most
    :data:`BUSY_MEMORY_MIB` in use and utilization below :data:`BUSY_UTILIZATION_PCT`
-   (a display server or a few MiB of driver overhead do not make a GPU busy);
+   (a display server or a few MiB of driver overhead do not make a GPU busy), and last
+   the devices of hosts whose agent went quiet (stale: the host may be down);
 2. devices close to each other: fewest distinct ``link_group`` values (NVLink / PCIe
    switch, reported by the agent; a device without one is its own group);
 3. the tightest fit: the shortest free stretches around ``[t, t + length)``, so long free
@@ -34,11 +35,14 @@ from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, InvalidInput
 from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Host, ReservationDevice, User
+from app.models.base import utcnow
+from app.models.states import HostStatus
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import hosts as host_service
 from app.services import rules as rules_service
 from app.services.limits import resolve_limits
 from app.services.intervals import Interval
+from app.services.devices import host_state
 from app.timeutil import add_capped
 
 BUSY_MEMORY_MIB = 1024.0
@@ -50,7 +54,9 @@ _INF = float("inf")
 class Candidate:
     """A device that may be placed, with its busy intervals (sorted, merged) and idleness.
 
-    ``busy_rank``: 0 idle now, 1 unknown (no telemetry), 2 busy now.
+    ``busy_rank``: 0 idle now, 1 unknown (no telemetry), 2 busy now, 3 on a host whose agent
+    has gone quiet (never reported, or stale: the host may be down, and nothing is watching
+    its devices), so such a host is chosen only when no reporting one fits as early.
     """
 
     device: Device
@@ -121,7 +127,12 @@ def _merge(intervals: list[tuple[datetime, datetime]]) -> tuple[list[datetime], 
     return starts, ends
 
 
-def _busy_rank(t: DeviceTelemetry | None, computing: bool) -> int:
+QUIET = (HostStatus.NEVER, HostStatus.STALE)  # no agent report to go by
+
+
+def _busy_rank(t: DeviceTelemetry | None, computing: bool, host: Host, now: datetime) -> int:
+    if host_state(host.last_seen_at, host.interval_seconds, host.monitoring_status, now)[0] in QUIET:
+        return 3
     if computing:
         return 2
     if t is None:
@@ -160,6 +171,7 @@ def candidates(session: Session, *, req: Request, after: datetime) -> list[Candi
     if req.host:
         q = q.where(Host.name == req.host)
     rows = list(session.execute(q).all())
+    now = utcnow()
     out: list[Candidate] = []
     for d, h, t, busy_now in rows:
         if d.mig_mode:
@@ -174,7 +186,7 @@ def candidates(session: Session, *, req: Request, after: datetime) -> list[Candi
             continue
         if req.min_memory_mib is not None and (d.memory_total_mib is None or d.memory_total_mib < req.min_memory_mib):
             continue
-        out.append(Candidate(device=d, host=h, busy_rank=_busy_rank(t, bool(busy_now))))
+        out.append(Candidate(device=d, host=h, busy_rank=_busy_rank(t, bool(busy_now), h, now)))
     if not out:
         return out
     busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)

@@ -174,6 +174,27 @@ def test_prefers_devices_idle_now_b16_display_process_and_few_mib_are_idle(clien
     assert _place(session_factory, count=2, host="node-01")[1] == [0, 2]
 
 
+def test_a_host_whose_agent_went_quiet_is_chosen_only_when_no_reporting_one_fits_as_early(
+        client, lab, make_host, session_factory):
+    quiet = make_host("aaa-quiet")  # its name and UUIDs sort first: neither decides here
+    devs = [gpu(f"GPU-{i}{i}{i}{i}0000-0000-0000-0000-00000000000{i}", i) for i in range(4)]
+    assert client.post("/api/v1/agent/snapshots", json=snapshot_body("aaa-quiet", 1, devs),
+                       headers=quiet.headers).status_code == 200
+    with transaction(session_factory, write=True) as s:  # its agent last reported an hour ago
+        h = s.scalar(select(Host).where(Host.name == "aaa-quiet"))
+        h.last_seen_at = datetime.now(UTC) - timedelta(hours=1)
+    assert client.get("/api/v1/hosts/aaa-quiet", headers=lab.alice.headers).json()["status"] == "stale"
+
+    def place(actor, count):
+        r = client.post("/api/v1/reservations", headers=actor.headers,
+                        json={"count": count, "start": "asap", "duration": "PT1H"})
+        assert r.status_code == 201, r.text
+        return r.json()["host"]
+
+    assert place(lab.alice, 1) == "node-01"  # idle, reporting GPUs: chosen over the quiet host's
+    assert place(lab.bob, 4) == "aaa-quiet"  # only the quiet host has 4 free now: the earliest start wins
+
+
 def test_prefers_devices_of_one_link_group(client, lab, session_factory):
     devs = [gpu(u, i, link_group="nvl-a" if i < 2 else "nvl-b") for i, u in enumerate(lab.devices)]
     _snapshot(client, lab, 2, devs)
