@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -43,6 +44,10 @@ def test_readme_curl_session(db_url, tmp_path):
 def check_output(lines: str) -> None:
     """What the README session prints: the user, the booking, the conflict, the devices, the cancel."""
     assert '"username":"erin"' in lines
+    answers = [line for line in lines.splitlines() if line.startswith(("{", "["))]
+    assert len(answers) == 6, lines  # each printed answer on a line of its own, whole
+    for line in answers:
+        json.loads(line)
     assert '"cuda_visible_devices":"GPU-' in lines  # the 201 booking
     assert '"status":409' in lines and '"earliest_free_start"' in lines  # the conflict
     assert '"host":"node-42"' in lines and '"index":3' in lines  # the four GPUs it reported
