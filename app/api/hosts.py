@@ -54,7 +54,7 @@ def update_host(name: str, data: HostUpdate, admin: AdminUser, session: WriteSes
     return device_service.get_host_read(session, name=name, now=utcnow())
 
 
-@router.get("/devices", response_model=list[DeviceRead])
+@router.get("/devices", response_model=list[DeviceRead], responses={404: {}})
 def list_devices(
     request: Request,
     user: CurrentUser,
@@ -63,10 +63,13 @@ def list_devices(
     host: Annotated[str | None, Query(max_length=128)] = None,
 ) -> Response:
     """Every device with its latest telemetry, processes, current holder and next reservation;
-    paginated (``limit``, ``offset``; total in ``X-Total-Count``)."""
+    paginated (``limit``, ``offset``; total in ``X-Total-Count``). A ``host`` that does not
+    exist is 404 naming the field."""
     # documents reused between snapshots, each request keyed on what it reads of the database
     cache: DeviceListCache = request.app.state.device_list_cache  # built by create_app
     view = cache.view(session, now=utcnow(), host=host)
+    if host is not None and not view.docs:
+        host_service.get_host(session, host)  # a host that does not exist: 404 naming it, not an empty list
     headers = {"X-Total-Count": str(len(view.docs))}
     body, packed = cache.page(view, offset=page.offset, limit=page.limit, gzip=accepts_gzip(request))
     if packed:  # compressed here (and kept) rather than by the middleware, which passes it through

@@ -12,7 +12,9 @@ from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessi
 from app.api.idempotency import IdempotencyDep
 from app.schemas.common import Page
 from app.schemas.reservation import ReservationCreate, ReservationRead, ReservationUpdate
+from app.services import hosts as host_service
 from app.services import reservations as svc
+from app.services import users as user_service
 from app.timeutil import parse_instant
 
 router = api_router("/reservations", tags=["reservations"])
@@ -32,7 +34,7 @@ def create_reservation(data: ReservationCreate, user: WriteUser, session: WriteS
     return out
 
 
-@router.get("", response_model=Page[ReservationRead])
+@router.get("", response_model=Page[ReservationRead], responses={404: {}})
 def list_reservations(
     user: CurrentUser,
     session: SessionDep,
@@ -46,13 +48,19 @@ def list_reservations(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
 ) -> Page[ReservationRead]:
-    """Everyone's reservations (who holds what is public in the lab), filtered and paginated."""
+    """Everyone's reservations (who holds what is public in the lab), filtered and paginated;
+    a ``user`` or ``host`` that does not exist is 404 naming the field."""
     flt = svc.ReservationFilter(
         user=user_filter, host=host, device=device, state=state,
         start=parse_instant(from_, field="from") if from_ else None,
         end=parse_instant(to, field="to") if to else None,
     )
     rows, total = svc.list_reservations(session, flt=flt, limit=min(limit, settings.page_size_max), offset=offset)
+    if not total:  # a filter naming a user or host that does not exist: 404 naming it, not an empty page
+        if user_filter is not None:
+            user_service.get_user(session, user_filter)
+        if host is not None:
+            host_service.get_host(session, host)
     return Page[ReservationRead](items=[svc.to_read(r) for r in rows], total=total, limit=limit, offset=offset)
 
 

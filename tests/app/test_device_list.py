@@ -98,7 +98,18 @@ def test_device_list_by_host_and_pages_match(client, lab, make_host, session_fac
     r = client.get("/api/v1/devices?limit=2&offset=1", headers=lab.alice.headers)
     assert r.json() == _model_view(session_factory)[1:3]
     assert int(r.headers["X-Total-Count"]) == len(_model_view(session_factory))
-    assert client.get("/api/v1/devices?host=nope", headers=lab.alice.headers).json() == []
+    # a host that does not exist is named, not answered with an empty list; a host without
+    # devices yet is an empty list
+    r = client.get("/api/v1/devices?host=nope", headers=lab.alice.headers)
+    assert r.status_code == 404 and r.json()["field"] == "host" and "'nope'" in r.json()["detail"], r.text
+    make_host("node-empty")
+    r = client.get("/api/v1/devices?host=node-empty", headers=lab.alice.headers)
+    assert r.status_code == 200 and r.json() == [], r.text
+    for query, field in (("host=nope", "host"), ("user=nobody", "user")):
+        r = client.get(f"/api/v1/reservations?{query}", headers=lab.alice.headers)
+        assert r.status_code == 404 and r.json()["field"] == field, r.text
+    r = client.get("/api/v1/reservations?host=node-empty&user=bob", headers=lab.alice.headers)
+    assert r.status_code == 200 and r.json()["total"] == 0, r.text
 
 
 def test_device_list_statement_count_does_not_grow_with_devices(app, client, lab, make_host, session_factory):
