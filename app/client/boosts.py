@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from app.client.context import EXIT_CODES, USAGE, Ctx, Fail, command
-from app.client.formatting import HelpGroup, as_datetime, fmt_span, fmt_time, print_json, table
+from app.client.formatting import HelpGroup, as_datetime, fmt_amount, fmt_span, fmt_time, print_json, table
 from app.client.units import parse_duration
 from app.i18n import gettext as _
 
@@ -22,9 +22,9 @@ def value_text(b: dict) -> str:
     if b["unit"] == "seconds":
         return fmt_span(b["value"])
     v = b["value"]
-    units = {"devices": _("%(n)s devices", n=f"{v:g}"), "reservations": _("%(n)s reservations", n=f"{v:g}"),
-             "GPU-hours": _("%(n)s GPU-hours", n=f"{v:g}")}
-    return units.get(b["unit"], f"{v:g} {b['unit']}")
+    units = {"devices": _("%(n)s devices", n=fmt_amount(v)), "reservations": _("%(n)s reservations", n=fmt_amount(v)),
+             "GPU-hours": _("%(n)s GPU-hours", n=fmt_amount(v))}
+    return units.get(b["unit"], f"{fmt_amount(v)} {b['unit']}")
 
 
 def _line(b: dict, ctx: Ctx) -> list[str]:

@@ -18,7 +18,8 @@ from app.i18n import gettext as _
 from app.client import config as client_config
 from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, command, duration_option, parse_start, pick,
                                 requested_start, reservation_body)
-from app.client.formatting import HelpGroup, as_datetime, devices_text, fmt_span, fmt_time, gib, print_json, reservation_line, table
+from app.client.formatting import (HelpGroup, as_datetime, devices_text, fmt_amount, fmt_span, fmt_time, gib, print_json,
+                                   reservation_line, table)
 from app.client.run import docker_args, run
 
 # ---------------------------------------------------------------------------- commands
@@ -301,7 +302,7 @@ def usage(
                 return fmt_span(v)
             if isinstance(v, list):
                 return ", ".join(v)
-            return f"{v:g}" if isinstance(v, float) else str(v)
+            return fmt_amount(v) if isinstance(v, (int, float)) else str(v)
 
         rows.append([item["rule"], "unlimited" if lim is None else show(lim), show(used), show(left),
                      item["scope"] or "", item["detail"]])

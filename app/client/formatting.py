@@ -66,6 +66,15 @@ def fmt_span(seconds: float | None) -> str:
     return (f"{d}d" if d else "") + (f"{h}h" if h else "") + (f"{m}m" if m and not d else "") or f"{s}s"
 
 
+def fmt_amount(v: float | int) -> str:
+    """A count or GPU-hour amount as people read it: at most two decimals, none trailing
+    (``9.0063`` -> ``9.01``, ``12.0`` -> ``12``, ``1234567.5`` -> ``1234567.5``)."""
+    if isinstance(v, int):
+        return str(v)
+    text = f"{v:.2f}".rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
 def gib(mib: float | None) -> str:
     return "-" if mib is None else f"{mib / 1024:.1f}G"
 
