@@ -133,14 +133,26 @@ def running_slapd(workdir: Path, data_ldif: str, *, tls: bool = False) -> Iterat
                    check=True, capture_output=True, timeout=60)
     subprocess.run([slapadd, "-n1", "-F", str(confdir), "-l", str(workdir / "data.ldif")],
                    check=True, capture_output=True, timeout=60)
-    port = free_port()
-    url = f"ldap://127.0.0.1:{port}"
-    ldaps_url = f"ldaps://127.0.0.1:{free_port()}" if tls else None
-    listen = url + "/" + (f" {ldaps_url}/" if ldaps_url else "")
-    proc = subprocess.Popen([binary, "-d", "0", "-F", str(confdir), "-h", listen],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # A port free when chosen can be taken before slapd binds it (outgoing connections of a
+    # busy machine draw local ports from the same range), and slapd then exits at once with
+    # status 1: choose new ports and start it again.
+    for attempt in range(5):
+        port = free_port()
+        url = f"ldap://127.0.0.1:{port}"
+        ldaps_url = f"ldaps://127.0.0.1:{free_port()}" if tls else None
+        listen = url + "/" + (f" {ldaps_url}/" if ldaps_url else "")
+        proc = subprocess.Popen([binary, "-d", "0", "-F", str(confdir), "-h", listen],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_port(port, proc)
+            break
+        except RuntimeError:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if attempt == 4:
+                raise
     try:
-        _wait_port(port, proc)
         yield Slapd(url=url, port=port, root_dn=ROOT_DN, root_pw=ROOT_PW, workdir=workdir, ldaps_url=ldaps_url,
                     ca_file=tls_files[0] if tls_files else None)
     finally:

@@ -7,7 +7,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from agent.main import Agent, load_enforcer
 from agent.replay import ReplaySource
 from agent.schema import HostPolicy, ReservationEntry, Snapshot, SnapshotAck
 from agent.state import SEQ_BLOCK, AckCache, SeqCounter, Spool, atomic_write
+from testkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURES = REPO / "agent" / "captures"
@@ -308,18 +308,12 @@ def test_loop_does_not_drift_and_skips_missed_ticks(tmp_path):
     assert taken == pytest.approx([0, 5, 10, 25, 30, 35])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sigkill_during_outage_loses_at_most_one_interval_and_spool_stays_readable(tmp_path):
     state = tmp_path / "state"
     token = tmp_path / "host.token"
     token.write_text("host-token\n")
     token.chmod(0o600)
-    cmd = [sys.executable, "-m", "agent", "--replay", str(CAPTURE), "--server", f"http://127.0.0.1:{_free_port()}",
+    cmd = [sys.executable, "-m", "agent", "--replay", str(CAPTURE), "--server", f"http://127.0.0.1:{free_port()}",
            "--token-file", str(token), "--state-dir", str(state), "--interval", "0.05", "--host", "node-01",
            "--config", str(tmp_path / "none.toml")]
     (tmp_path / "none.toml").write_text("")

@@ -15,6 +15,7 @@ from app.db import run_in_transaction
 from app.models import Host, User
 from app.security import token_hash, verify_password
 from app.services.hosts import HOST_RE
+from testkit.ports import free_port
 
 
 def test_every_bundled_capture_is_replayed_under_its_own_valid_host_name():
@@ -157,24 +158,18 @@ def test_demo_refuses_a_port_in_use(tmp_path):
 def test_demo_source_nvml_without_gpus_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "nvml_device_count", lambda: (0, "NVML unavailable (test)"))
     lines: list[str] = []
-    d = demo.Demo(data_dir=tmp_path, port=_free_port(), source="nvml", out=lines.append)
+    d = demo.Demo(data_dir=tmp_path, port=free_port(), source="nvml", out=lines.append)
     assert d.run() == 2
     assert lines[-1] == "error: --source nvml, but NVML unavailable (test)"
 
 
 def test_demo_with_gpus_monitors_this_machine(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "nvml_device_count", lambda: (2, "NVML sees 2 GPU(s)"))
-    d = demo.Demo(data_dir=tmp_path, port=_free_port())
+    d = demo.Demo(data_dir=tmp_path, port=free_port())
     agents, why = d.choose_agents()
     assert len(agents) == 1 and agents[0].capture is None and "2 GPU" in why
     args = d.agent_args(agents[0], tmp_path / "agent.toml", tmp_path / "owners.json")
     assert "--replay" not in args and args[args.index("--host") + 1] == agents[0].host
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_cli_rejects_an_unknown_source():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,21 +17,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, gpu, require_pg, snapshot_body
+from testkit.ports import free_port
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.postgres
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve(env: dict[str, str], log: Path, workers: int = 1):
     """``gpuroster serve`` on a free port until /readyz answers; stopped (whole group) on exit."""
-    port = _free_port()
+    port = free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen([str(BIN / "gpuroster"), "serve", "--port", str(port), "--workers", str(workers),
                                  "--no-migrate", "--log-level", "warning"], env=env, stdout=out, stderr=subprocess.STDOUT,

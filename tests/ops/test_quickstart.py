@@ -32,18 +32,11 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_readme import check_output, readme_block
+from testkit.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 FULL_INSTALL = os.environ.get("GPUROSTER_QUICKSTART_INSTALL", "") == "1"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Output:
@@ -103,7 +96,7 @@ def _web_sign_in(client: httpx.Client, password: str) -> None:
 def test_readme_quick_start_on_a_fresh_clone(clone, tmp_path):
     from agent.replay import parse_capture
 
-    port = _free_port()
+    port = free_port()
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUROSTER_")}
     env["PYTHONUNBUFFERED"] = "1"

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO
+from testkit.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +52,6 @@ def _run(args: list[str], **kw) -> subprocess.CompletedProcess:  # noqa: ANN003
     r = subprocess.run(args, capture_output=True, text=True, **kw)
     assert r.returncode == 0, f"{args} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     return r
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +103,7 @@ def test_agent_install_then_server_install_from_the_wheel(wheel, tmp_path):
     assert "database at head" in _run([str(bindir / "gpuroster"), "migrate"], env=env, cwd=work, timeout=120).stdout
     del env["GPUROSTER_DATABASE_URL"]
 
-    port = _free_port()
+    port = free_port()
     env["PYTHONUNBUFFERED"] = "1"
     log = (tmp_path / "demo.log").open("w")
     proc = subprocess.Popen([str(bindir / "gpuroster"), "demo", "--port", str(port), "--data-dir", str(work / "data"),
