@@ -209,13 +209,16 @@ def earliest_free_start(
 
 def conflict_error(
     session: Session, *, devices: Sequence[Device], start: datetime, end: datetime, exclude_id: int | None,
-    tz: ZoneInfo = UTC_ZONE, viewer: str | None = None,
+    tz: ZoneInfo = UTC_ZONE, viewer: str | None = None, found: Sequence[Reservation] | None = None,
 ) -> ReservationConflict:
     """A 409 naming each conflicting reservation and the earliest free start. The message is
     for people: times in the lab's zone ``tz``, devices by their labels (``GPU 0``,
     ``GPU 0 · MIG 4``), the reservations of ``viewer`` (the requester's username) called
-    theirs; ``conflicts`` (UUIDs) and ``earliest_free_start`` (ISO 8601 UTC) are for machines."""
-    conflicts = find_conflicts(session, devices=devices, start=start, end=end, exclude_id=exclude_id)
+    theirs; ``conflicts`` (UUIDs) and ``earliest_free_start`` (ISO 8601 UTC) are for machines.
+    ``found``: what :func:`find_conflicts` already returned for the same arguments, if the
+    caller has it (not read again)."""
+    conflicts = list(found) if found is not None else find_conflicts(
+        session, devices=devices, start=start, end=end, exclude_id=exclude_id)
     free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
     refs = [
         ConflictRef(

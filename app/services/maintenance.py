@@ -66,7 +66,7 @@ def create(session: Session, *, actor: User, host_name: str, refs: list[str | in
     found = find_conflicts(session, devices=devices, start=start, end=end)
     if found and not override:
         raise conflict_error(session, devices=devices, start=start, end=end, exclude_id=None, tz=settings.tz,
-                             viewer=actor.username)
+                             viewer=actor.username, found=found)
     done: list[Overridden] = []
     lifecycle.lock_rows(session, [c.id for c in found])
     for c in sorted(found, key=lambda c: c.id):

@@ -174,7 +174,7 @@ def create_reservation(
         found = find_conflicts(session, devices=devices, start=interval.start, end=interval.end)
     if found:
         raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz,
-                             viewer=actor.username)
+                             viewer=actor.username, found=found)
 
     r = Reservation(
         user=owner,

@@ -44,6 +44,17 @@ def test_named_booking_statement_count(app, client, lab):
     assert len(more) <= len(seen) + (1 if dialect == "sqlite" else 0), "\n".join(more)
 
 
+def test_a_refused_booking_reads_its_conflicts_once(app, client, lab):
+    """The 409 is written from the conflicts the check found, not from a second read of them."""
+    assert book(client, lab.alice, [lab.devices[0]], future(2)).status_code == 201
+    with request_statements(app.state.engine) as seen:
+        r = book(client, lab.bob, [lab.devices[0]], future(2))
+    assert r.status_code == 409, r.text
+    flat = [" ".join(st.split()) for st in seen]
+    conflict_reads = [st for st in flat if st.startswith("SELECT reservations.") and "WHERE reservations.id IN" in st]
+    assert len(conflict_reads) == 1, "\n".join(flat)
+
+
 def test_named_booking_with_a_quota_counts_once_and_locks_once(app, client, lab):
     dialect = app.state.engine.dialect.name
     r = client.post("/api/v1/rules", json={"scope": "default", "max_devices": 3}, headers=lab.admin.headers)
