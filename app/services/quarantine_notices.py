@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.i18n import gettext, use_locale
 from app.models import Device, DeviceQuarantine, Host, Reservation, User
+from app.services import device_names as naming
 from app.services import holder_notices
 from app.services.conflicts import holdings
 from app.services.health_rule import local_reason
@@ -20,10 +21,11 @@ from app.services.placement import Request, candidates
 from app.timeutil import MAX_INSTANT, fmt_local
 
 
-def device_label(device: Device, host: Host) -> str:
-    """``GPU 1 (GPU-…) of host node-01``: how notices name a device."""
-    where = f"GPU {device.index}" if device.index is not None and device.parent_id is None else "MIG instance"
-    return f"{where} ({device.uuid}) of host {host.name}"
+def device_label(session: Session, device: Device, host: Host) -> str:
+    """``GPU 1 (GPU-…) of host node-01``, ``GPU 0 · MIG 4 (MIG-…) of host node-01``: how
+    notices name a device (the label people read everywhere, its UUID, its host)."""
+    parent = session.get(Device, device.parent_id) if device.parent_id is not None else None
+    return f"{naming.device_label(device, parent)} ({device.uuid}) of host {host.name}"
 
 
 def equivalent_free(session: Session, *, device: Device, start: datetime, end: datetime, now: datetime) -> Device | None:
@@ -46,7 +48,7 @@ def tell_opened(session: Session, *, host: Host, device: Device, quarantine: Dev
     """Tell the holders of ``device``'s current and upcoming reservations, and the admins,
     that it is quarantined. Returns the ids of the reservations whose holders were told."""
     tz = settings.tz
-    label = device_label(device, host)
+    label = device_label(session, device, host)
     seen: dict[int, Reservation] = {}
     for h in holdings(session, devices=[device], start=now, end=MAX_INSTANT).get(device.id, []):
         seen.setdefault(h.reservation.id, h.reservation)
@@ -60,7 +62,7 @@ def tell_opened(session: Session, *, host: Host, device: Device, quarantine: Dev
             if other is not None:
                 other_host = session.get(Host, other.host_id)
                 offer = gettext("An equivalent device is free for that time: %(device)s. "
-                                "Book it and release this reservation to move.", device=device_label(other, other_host))
+                                "Book it and release this reservation to move.", device=device_label(session, other, other_host))
             else:
                 offer = gettext("No equivalent device is free for that time; the admins have been told.")
             subject = gettext("[gpuroster] device of reservation %(id)s quarantined", id=r.id)

@@ -90,6 +90,7 @@ def test_holders_are_told_with_an_equivalent_free_device_and_admins_are_told(cli
     alice = notices(session_factory, "alice")
     assert len(alice) == 1 and "2 uncorrectable ECC errors" in alice[0]
     assert "An equivalent device is free for that time" in alice[0] and lab.devices[0] in alice[0]
+    assert f"GPU 1 ({lab.devices[1]}) of host node-01" in alice[0] and f"GPU 0 ({lab.devices[0]})" in alice[0]
     bob = notices(session_factory, "bob")
     assert len(bob) == 1 and "No equivalent device is free" in bob[0]
     boss = notices(session_factory, "boss")
@@ -234,3 +235,15 @@ def test_device_list_and_device_read_name_the_quarantine(client, lab):
     listed = {d["uuid"]: d["quarantine"] for d in client.get("/api/v1/devices", headers=lab.alice.headers).json()}
     assert listed[lab.devices[0]] is None
     assert listed[lab.devices[1]]["reason"] == "thermal slowdown" and listed[lab.devices[1]]["self_clearing"] is True
+
+
+def test_notices_name_a_mig_slice_as_people_read_it_everywhere():
+    from app.models import Device, Host
+    from app.services.quarantine_notices import device_label
+
+    whole = Device(id=7, uuid="GPU-5e5e5e5e-0000-0000-0000-000000000000", index=2)
+    mig = Device(id=8, uuid="MIG-40000000-0000-0000-0000-000000000000", index=0, parent_id=7, gpu_instance_id=4)
+    session = type("S", (), {"get": staticmethod(lambda model, key: {7: whole}[key])})()
+    host = Host(name="node-01")
+    assert device_label(session, mig, host) == f"GPU 2 · MIG 4 ({mig.uuid}) of host node-01"
+    assert device_label(session, whole, host) == f"GPU 2 ({whole.uuid}) of host node-01"
