@@ -16,12 +16,13 @@ from app.api.deps import CurrentUser, SessionDep, SettingsDep
 from app.schemas.common import Page
 from app.schemas.finding import FindingRead
 from app.services import findings as svc
+from app.services.filter_names import require_known
 from app.timeutil import parse_instant
 
 router = api_router("/findings", tags=["findings"])
 
 
-@router.get("", response_model=Page[FindingRead], responses={401: {}, 422: {}})
+@router.get("", response_model=Page[FindingRead], responses={401: {}, 404: {}, 422: {}})
 def list_findings(
     user: CurrentUser,
     session: SessionDep,
@@ -36,7 +37,8 @@ def list_findings(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> Page[FindingRead]:
     """Findings, most recently seen first; ``since``/``until`` select those whose
-    ``[first_seen, last_seen]`` overlaps ``[since, until)``."""
+    ``[first_seen, last_seen]`` overlaps ``[since, until)``. A ``host`` that does not exist is
+    404 naming the field."""
     flt = svc.FindingFilter(
         host=host, user=user_filter, kind=kind, state=state,
         since=parse_instant(since, field="since") if since else None,
@@ -44,6 +46,8 @@ def list_findings(
     )
     limit = min(limit, settings.page_size_max)
     rows, total = svc.list_findings(session, flt=flt, limit=limit, offset=offset)
+    if not total:  # (``user`` is a Unix name, which need not be anyone's account: not checked)
+        require_known(session, host=host)
     return Page[FindingRead](items=svc.to_reads(session, rows, viewer=user), total=total, limit=limit, offset=offset)
 
 

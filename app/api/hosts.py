@@ -24,6 +24,7 @@ from app.services import device_claims
 from app.services.device_list_cache import DeviceListCache
 from app.services import devices as device_service
 from app.services import hosts as host_service
+from app.services.filter_names import require_known
 
 router = api_router(tags=["hosts"])
 
@@ -68,8 +69,8 @@ def list_devices(
     # documents reused between snapshots, each request keyed on what it reads of the database
     cache: DeviceListCache = request.app.state.device_list_cache  # built by create_app
     view = cache.view(session, now=utcnow(), host=host)
-    if host is not None and not view.docs:
-        host_service.get_host(session, host)  # a host that does not exist: 404 naming it, not an empty list
+    if not view.docs:
+        require_known(session, host=host)
     headers = {"X-Total-Count": str(len(view.docs))}
     body, packed = cache.page(view, offset=page.offset, limit=page.limit, gzip=accepts_gzip(request))
     if packed:  # compressed here (and kept) rather than by the middleware, which passes it through

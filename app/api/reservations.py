@@ -12,9 +12,8 @@ from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessi
 from app.api.idempotency import IdempotencyDep
 from app.schemas.common import Page
 from app.schemas.reservation import ReservationCreate, ReservationRead, ReservationUpdate
-from app.services import hosts as host_service
 from app.services import reservations as svc
-from app.services import users as user_service
+from app.services.filter_names import require_known
 from app.timeutil import parse_instant
 
 router = api_router("/reservations", tags=["reservations"])
@@ -49,18 +48,15 @@ def list_reservations(
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
 ) -> Page[ReservationRead]:
     """Everyone's reservations (who holds what is public in the lab), filtered and paginated;
-    a ``user`` or ``host`` that does not exist is 404 naming the field."""
+    a ``user``, ``host`` or ``device`` that does not exist is 404 naming the field."""
     flt = svc.ReservationFilter(
         user=user_filter, host=host, device=device, state=state,
         start=parse_instant(from_, field="from") if from_ else None,
         end=parse_instant(to, field="to") if to else None,
     )
     rows, total = svc.list_reservations(session, flt=flt, limit=min(limit, settings.page_size_max), offset=offset)
-    if not total:  # a filter naming a user or host that does not exist: 404 naming it, not an empty page
-        if user_filter is not None:
-            user_service.get_user(session, user_filter)
-        if host is not None:
-            host_service.get_host(session, host)
+    if not total:
+        require_known(session, host=host, user=user_filter, device=device)
     return Page[ReservationRead](items=[svc.to_read(r) for r in rows], total=total, limit=limit, offset=offset)
 
 

@@ -110,6 +110,8 @@ def list_(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
 ) -> None:
     """Your reservations that are active or upcoming (--all: with history)."""
+    if everyone and user is not None:
+        raise Fail(_("--user or --everyone, not both"), USAGE)
     who = None if everyone else (user or ctx.username)
     now = datetime.now(UTC)
     items: list[dict] = []

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from app.config import Settings
 from app.errors import InvalidInput
 from app.schemas.reservation import ReservationCreate
-from app.timeutil import fmt_local, parse_instant
+from app.timeutil import fmt_duration, fmt_local, parse_instant
 
 # A start this far in the past is still "now": a request takes time to arrive.
 PAST_SLACK = timedelta(seconds=60)
@@ -42,7 +42,7 @@ def parse_interval(data: ReservationCreate, *, now: datetime) -> Interval:
         try:
             end = start + data.duration
         except OverflowError:  # past datetime.max: no calendar, database or feed could hold it
-            raise InvalidInput(f"duration: {data.duration.days} days from start ends after year 9999",
+            raise InvalidInput(f"duration: {fmt_duration(data.duration.total_seconds())} from the start ends after year 9999",
                                field="duration") from None
     return Interval(start, end)
 

@@ -51,7 +51,7 @@ from app.services.intervals import PAST_SLACK
 from app.services import rules as rules_service
 from app.services import shares as share_service
 from app.services.slot_freed import on_slot_freed
-from app.timeutil import zone
+from app.timeutil import fmt_duration, zone
 
 WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
 _ALIASES = {name.lower(): i for i, name in enumerate(WEEKDAYS)} | {
@@ -179,7 +179,7 @@ def expand(
     try:
         out = [(d, *occurrence_interval(d, start_time, duration, tz)) for d in days]
     except OverflowError:
-        raise InvalidInput(f"duration: an occurrence of {duration.days} days ends after year 9999",
+        raise InvalidInput(f"duration: an occurrence of {fmt_duration(duration.total_seconds())} ends after year 9999",
                            field="duration") from None
     for (d1, _s1, e1), (d2, s2, _e2) in zip(out, out[1:]):
         if e1 > s2:

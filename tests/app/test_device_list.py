@@ -105,9 +105,14 @@ def test_device_list_by_host_and_pages_match(client, lab, make_host, session_fac
     make_host("node-empty")
     r = client.get("/api/v1/devices?host=node-empty", headers=lab.alice.headers)
     assert r.status_code == 200 and r.json() == [], r.text
-    for query, field in (("host=nope", "host"), ("user=nobody", "user")):
+    for query, field in (("host=nope", "host"), ("user=nobody", "user"), ("device=GPU-nope", "device")):
         r = client.get(f"/api/v1/reservations?{query}", headers=lab.alice.headers)
         assert r.status_code == 404 and r.json()["field"] == field, r.text
+    r = client.get("/api/v1/findings?host=nope", headers=lab.admin.headers)
+    assert r.status_code == 404 and r.json()["field"] == "host", r.text
+    # a finding's user is a Unix name, which need not be anyone's account: an empty page
+    r = client.get("/api/v1/findings?user=nobody", headers=lab.admin.headers)
+    assert r.status_code == 200 and r.json()["total"] == 0, r.text
     r = client.get("/api/v1/reservations?host=node-empty&user=bob", headers=lab.alice.headers)
     assert r.status_code == 200 and r.json()["total"] == 0, r.text
 

@@ -156,6 +156,8 @@ def test_reserve_list_extend_cancel_and_release(lab):
     assert out.returncode == 0 and f"#{r['id']}" in out.stdout and "active" in out.stdout and "Europe/Berlin" in out.stdout
     listed = _json(lab.cli("list", "--json"))
     assert [x["id"] for x in listed] == [r["id"]]
+    both = lab.cli("list", "--everyone", "--user", "bob")  # contradictory: refused, not half-obeyed
+    assert both.returncode == 2 and "--user or --everyone, not both" in both.stderr, both.stdout + both.stderr
     end = datetime.fromisoformat(r["end"])
     out = lab.cli("extend", str(r["id"]), "--by", "90m", "--json")
     assert datetime.fromisoformat(_json(out)["end"]) == end + timedelta(minutes=90)
