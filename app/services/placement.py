@@ -13,8 +13,9 @@ service prefers, in this order:
 
 1. devices idle now per the latest telemetry: no compute process, at most
    :data:`BUSY_MEMORY_MIB` in use and utilization below :data:`BUSY_UTILIZATION_PCT`
-   (a display server or a few MiB of driver overhead do not make a GPU busy), and last
-   the devices of hosts whose agent went quiet (stale: the host may be down);
+   (a display server or a few MiB of driver overhead do not make a GPU busy); a device of a
+   host whose agent went quiet (stale: the host may be down) counts as unknown, after the
+   idle ones and before those known busy;
 2. devices close to each other: fewest distinct ``link_group`` values (NVLink / PCIe
    switch, reported by the agent; a device without one is its own group);
 3. the tightest fit: the shortest free stretches around ``[t, t + length)``, so long free
@@ -54,9 +55,9 @@ _INF = float("inf")
 class Candidate:
     """A device that may be placed, with its busy intervals (sorted, merged) and idleness.
 
-    ``busy_rank``: 0 idle now, 1 unknown (no telemetry), 2 busy now, 3 on a host whose agent
-    has gone quiet (never reported, or stale: the host may be down, and nothing is watching
-    its devices), so such a host is chosen only when no reporting one fits as early.
+    ``busy_rank``: 0 idle now, 1 unknown (no telemetry, or a host whose agent has gone quiet:
+    never reported or stale, so its last telemetry says nothing of now and the host may be
+    down), 2 busy now (a process of someone else's is on it).
     """
 
     device: Device
@@ -132,7 +133,7 @@ QUIET = (HostStatus.NEVER, HostStatus.STALE)  # no agent report to go by
 
 def _busy_rank(t: DeviceTelemetry | None, computing: bool, host: Host, now: datetime) -> int:
     if host_state(host.last_seen_at, host.interval_seconds, host.monitoring_status, now)[0] in QUIET:
-        return 3
+        return 1
     if computing:
         return 2
     if t is None:

@@ -19,7 +19,7 @@ from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import placement
 from app.services import reservations as reservation_service
 from app.services.intervals import Interval
-from tests.conftest import future, gpu, snapshot_body
+from tests.conftest import FRESH_FOR, future, gpu, snapshot_body
 
 BASE = datetime(2031, 1, 6, 8, 0, tzinfo=UTC)
 STEP = timedelta(minutes=30)
@@ -174,7 +174,7 @@ def test_prefers_devices_idle_now_b16_display_process_and_few_mib_are_idle(clien
     assert _place(session_factory, count=2, host="node-01")[1] == [0, 2]
 
 
-def test_a_host_whose_agent_went_quiet_is_chosen_only_when_no_reporting_one_fits_as_early(
+def test_a_host_whose_agent_went_quiet_counts_as_unknown_after_idle_and_before_busy_devices(
         client, lab, make_host, session_factory):
     quiet = make_host("aaa-quiet")  # its name and UUIDs sort first: neither decides here
     devs = [gpu(f"GPU-{i}{i}{i}{i}0000-0000-0000-0000-00000000000{i}", i) for i in range(4)]
@@ -192,7 +192,11 @@ def test_a_host_whose_agent_went_quiet_is_chosen_only_when_no_reporting_one_fits
         return r.json()["host"]
 
     assert place(lab.alice, 1) == "node-01"  # idle, reporting GPUs: chosen over the quiet host's
-    assert place(lab.bob, 4) == "aaa-quiet"  # only the quiet host has 4 free now: the earliest start wins
+    # every GPU of node-01 now runs someone's job: a GPU known busy is worse than one unknown
+    busy = [gpu(u, i, memory_used_mib=30000.0, utilization_gpu=95.0) for i, u in enumerate(lab.devices)]
+    assert client.post("/api/v1/agent/snapshots", headers=lab.host.headers, json=snapshot_body(
+        "node-01", 2, busy, interval_seconds=FRESH_FOR)).status_code == 200  # fresh however long this runs
+    assert place(lab.bob, 1) == "aaa-quiet"
 
 
 def test_prefers_devices_of_one_link_group(client, lab, session_factory):
