@@ -16,7 +16,7 @@ import typer
 
 from app.i18n import gettext as _
 from app.client import config as client_config
-from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, command, duration_option, parse_start, pick,
+from app.client.context import (EXIT_CODES, USAGE, Ctx, Fail, busy_notes, command, duration_option, parse_start, pick,
                                 requested_start, reservation_body)
 from app.client.formatting import (HelpGroup, as_datetime, devices_text, fmt_amount, fmt_span, fmt_time, gib, print_json,
                                    reservation_line, table)
@@ -97,8 +97,11 @@ def reserve(
     if wanted is not None and as_datetime(r["start"]) > wanted + timedelta(minutes=1):  # type: ignore[operator]
         typer.echo(_("note: %(count)s GPU(s) are free only from %(start)s, not %(wanted)s", count=count,
                      start=fmt_time(as_datetime(r["start"]), ctx.tz), wanted=fmt_time(wanted, ctx.tz)))
+    for line in busy_notes(ctx, r):
+        typer.echo(line)
     typer.echo(f"CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']}")
     typer.echo(_("on %(host)s: eval \"$(gpuroster env)\"   or   gpuroster run --id %(id)s -- <command>", host=r["host"], id=r["id"]))
+
 
 
 def list_(

@@ -242,3 +242,23 @@ def reservation_body(ctx: Ctx, *, duration: str, count: int, start: str, host: s
     if share:
         body["share_with"] = share
     return {k: v for k, v in body.items() if v is not None}
+
+
+def busy_notes(ctx: Ctx, r: dict) -> list[str]:
+    """For a reservation that holds its devices now: a note per compute process of someone
+    else already on one of them (the placement takes a busy GPU only when nothing idle fits
+    as early, and the holder should know before their job shares its memory)."""
+    if r.get("state") != "active":
+        return []
+    mine = {d["uuid"] for d in r["devices"]}
+    out = []
+    for d in ctx.api.get("/devices", host=r["host"], limit=5000):
+        if d["uuid"] not in mine:
+            continue
+        for p in d.get("processes") or []:
+            if p["type"] == "G" or (p.get("unix_user") and p["unix_user"] == ctx.username):
+                continue
+            out.append(_("note: %(device)s already runs %(process)s (pid %(pid)s) of %(owner)s, "
+                         "which your reservation does not cover", device=d.get("label") or d["uuid"],
+                         process=p.get("name") or "?", pid=p["pid"], owner=p.get("owner") or p.get("unix_user") or "?"))
+    return out

@@ -164,6 +164,11 @@ def test_reserve_list_extend_cancel_and_release(lab):
     # the active one on this host, without an id
     out = lab.cli("release", "--host", "node-01")
     assert out.returncode == 0 and f"#{r['id']} released" in out.stdout
+    # GPU 1 runs bob's job: booked by name, the holder is told before sharing its memory
+    out = lab.cli("reserve", "-d", "1", "--host", "node-01", "--for", "1h")
+    assert out.returncode == 0, out.stderr
+    assert "note: GPU 1 already runs python (pid 5101) of bob, which your reservation does not cover" in out.stdout
+    assert lab.cli("release", "--host", "node-01").returncode == 0
     later = _json(lab.cli("reserve", "--for", "1h", "--start", "2031-03-04 10:00", "--json"))
     assert datetime.fromisoformat(later["start"]) == datetime(2031, 3, 4, 9, 0, tzinfo=UTC)
     out = lab.cli("cancel", str(later["id"]))
