@@ -40,6 +40,13 @@ def host_state(last_seen_at: datetime | None, interval_seconds: float | None, mo
     return (monitoring_status or "ok"), age
 
 
+def agent_quiet(last_seen_at: datetime | None, interval_seconds: float | None, monitoring_status: str | None,
+                now: datetime) -> bool:
+    """True when the host's agent has never reported or has gone stale (:func:`host_state`):
+    its last telemetry says nothing of now, and the host may be down."""
+    return host_state(last_seen_at, interval_seconds, monitoring_status, now)[0] in (HostStatus.NEVER, HostStatus.STALE)
+
+
 def host_read(host: Host, *, now: datetime, device_count: int) -> HostRead:
     status, age = host_status(host, now)
     return HostRead(

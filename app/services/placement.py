@@ -37,13 +37,12 @@ from sqlalchemy.orm import Session, aliased
 from app.errors import Conflict, InvalidInput
 from app.models import Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Host, ReservationDevice, User
 from app.models.base import utcnow
-from app.models.states import HostStatus
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import hosts as host_service
 from app.services import rules as rules_service
 from app.services.limits import resolve_limits
 from app.services.intervals import Interval
-from app.services.devices import host_state
+from app.services.devices import agent_quiet
 from app.timeutil import add_capped
 
 BUSY_MEMORY_MIB = 1024.0
@@ -128,11 +127,8 @@ def _merge(intervals: list[tuple[datetime, datetime]]) -> tuple[list[datetime], 
     return starts, ends
 
 
-QUIET = (HostStatus.NEVER, HostStatus.STALE)  # no agent report to go by
-
-
 def _busy_rank(t: DeviceTelemetry | None, computing: bool, host: Host, now: datetime) -> int:
-    if host_state(host.last_seen_at, host.interval_seconds, host.monitoring_status, now)[0] in QUIET:
+    if agent_quiet(host.last_seen_at, host.interval_seconds, host.monitoring_status, now):
         return 1
     if computing:
         return 2

@@ -206,13 +206,22 @@ def check_booking(session: Session, *, form: BookForm, settings: Settings, now: 
     )
 
 
+def default_host(session: Session, *, now: datetime) -> str | None:
+    """The host the form offers first: the first by name whose agent reports (a stale one may
+    be down, and its devices' state is unknown), else ``None``."""
+    rows = session.execute(select(Host.name, Host.last_seen_at, Host.interval_seconds, Host.monitoring_status)
+                           .order_by(Host.name)).all()
+    return next((name for name, seen, interval, status in rows
+                 if not device_service.agent_quiet(seen, interval, status, now)), None)
+
+
 def form_context(
     session: Session, *, viewer: Viewer, form: BookForm, settings: Settings, now: datetime
 ) -> dict[str, Any]:
     """Hosts, the chosen host's devices with their state, and the form values for the template."""
     hosts, replay_hosts = host_service.host_names(session)
     if not form.host and hosts and form.mode != "count":
-        form.host = hosts[0]
+        form.host = default_host(session, now=now) or hosts[0]
     views: list[DeviceView] = device_service.device_views(session, now=now, host_names=[form.host]) if form.host in hosts else []
     by_id = {v.device.id: v for v in views}
     rows = [

@@ -132,6 +132,20 @@ def test_book_page_is_prefilled_from_the_query(weblab):
     assert 'name="when" value="at" checked' in r.text
 
 
+def test_the_form_offers_first_a_host_whose_agent_reports(weblab, make_host, session_factory):
+    from app.db import transaction
+    from app.models import Host
+
+    make_host("aaa-never")  # registered, its agent never reported
+    make_host("aab-stale")
+    with transaction(session_factory, write=True) as s:  # its agent last reported an hour ago
+        s.scalar(select(Host).where(Host.name == "aab-stale")).last_seen_at = datetime.now(UTC) - timedelta(hours=1)
+    r = weblab.alice.get("/book", params={"mode": "devices"})
+    assert r.status_code == 200
+    assert '<option value="node-01" selected>' in r.text, re.findall(r"<option[^>]*>", r.text)
+    assert '<option value="aaa-never" >' in r.text  # still offered, not first
+
+
 def test_device_list_fragment_for_a_host(weblab):
     r = weblab.alice.get("/book", params={"host": "node-01"}, headers=HX)
     assert "<html" not in r.text and r.text.count('name="devices"') == 4
