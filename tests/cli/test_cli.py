@@ -1,7 +1,9 @@
 """The lab members' CLI against a live ``gpuroster serve`` (one per database, tables emptied
 after each test): sign-in, reserve/list/extend/cancel/release, status, env (evaluated by
 bash), run (exit status, release on failure, Ctrl-C and SIGTERM, waiting for the start),
-usage and the exit codes."""
+usage and the exit codes. Most commands run in the test's process through typer's runner
+(``invoke``); those that exec, handle signals or read server settings run as processes of their
+own, and ``tests/cli/test_cli_start.py`` and ``test_exit_codes.py`` run the installed command."""
 
 from __future__ import annotations
 
@@ -46,6 +48,35 @@ def server(request, tmp_path_factory):
         yield Server(db_url, url)
 
 
+# run: execs the command and handles signals; admin: server settings are read once per
+# process; wait: polls until the start, bounded by the subprocess timeout
+OWN_PROCESS = frozenset({"run", "admin", "wait"})
+
+
+def invoke(args: list[str], env: dict[str, str], input: str | None) -> subprocess.CompletedProcess:
+    """``gpuroster args`` in this process, as ``app.cli.main`` runs it (language from the
+    environment, then the command), with exactly ``env`` as the environment; an unexpected
+    exception is a traceback on stderr and status 1, as from the real command."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+    from app.i18n import _current, cli_locale, set_locale
+
+    environ = {k: None for k in os.environ if k not in env} | env
+    reset = _current.set(_current.get())
+    try:
+        set_locale(cli_locale(env))
+        res = CliRunner().invoke(cli, args, env=environ, input=input)
+    finally:
+        _current.reset(reset)
+    stderr = res.stderr
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(res.exception))
+    return subprocess.CompletedProcess(["gpuroster", *args], res.exit_code, res.stdout, stderr)
+
+
 @dataclass
 class Lab:
     url: str
@@ -66,9 +97,16 @@ class Lab:
         return env
 
     def cli(self, *args: str, token: str | None = "alice", input: str | None = None, **extra: str):
+        """``gpuroster *args`` as ``token``'s member: a CompletedProcess (returncode, stdout,
+        stderr). Commands in :data:`OWN_PROCESS` run as a process of their own; the others in
+        this process (:func:`invoke`), which spares a Python start and the CLI's imports per
+        call (most of these tests' CPU time)."""
         tok = {"alice": self.alice, "bob": self.bob, "admin": self.admin}.get(token, token) if token else None
-        return subprocess.run([str(BIN / "gpuroster"), *args], env=self.env(tok, **extra), input=input,
-                              capture_output=True, text=True, timeout=120)
+        env = self.env(tok, **extra)
+        if not args or args[0] in OWN_PROCESS:
+            return subprocess.run([str(BIN / "gpuroster"), *args], env=env, input=input,
+                                  capture_output=True, text=True, timeout=120)
+        return invoke(list(args), env, input)
 
     def api(self, method: str, path: str, token: str, **kw):
         return httpx.request(method, self.url + "/api/v1" + path, headers={"Authorization": f"Bearer {token}"},
