@@ -11,17 +11,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import NotFound
-from app.models import Device, Host, User
+from app.models import Device
+from app.services import hosts as host_service
+from app.services import users as user_service
 
 
 def require_known(session: Session, *, host: str | None = None, user: str | None = None,
                   device: str | None = None) -> None:
     """Raise NotFound (404) naming the field of the first given value that names nothing:
     ``host`` (host name), ``user`` (username), ``device`` (device UUID, retired ones too)."""
-    if host is not None and session.scalar(select(Host.id).where(Host.name == host)) is None:
-        raise NotFound(f"host {host!r} not found", field="host")
-    if user is not None and session.scalar(select(User.id).where(User.username == user)) is None:
-        raise NotFound(f"user {user!r} not found", field="user")
+    if host is not None:
+        host_service.get_host(session, host)
+    if user is not None:
+        user_service.get_user(session, user)
     if device is not None and session.scalar(select(Device.id).where(Device.uuid == device)) is None:
         raise NotFound(f"device {device!r} not found", field="device")
 

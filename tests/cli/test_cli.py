@@ -62,15 +62,11 @@ def invoke(args: list[str], env: dict[str, str], input: str | None) -> subproces
     from typer.testing import CliRunner
 
     from app.cli import cli
-    from app.i18n import _current, cli_locale, set_locale
+    from app.i18n import cli_locale, use_locale
 
     environ = {k: None for k in os.environ if k not in env} | env
-    reset = _current.set(_current.get())
-    try:
-        set_locale(cli_locale(env))
+    with use_locale(cli_locale(env)):  # what main() sets, undone afterwards
         res = CliRunner().invoke(cli, args, env=environ, input=input)
-    finally:
-        _current.reset(reset)
     stderr = res.stderr
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         stderr += "".join(traceback.format_exception(res.exception))
