@@ -115,7 +115,9 @@ def procs() -> Iterator[list[subprocess.Popen]]:
 def wait_exec(p: subprocess.Popen, exe_name: str) -> None:
     for _ in range(200):
         try:
-            if os.path.basename(os.readlink(f"/proc/{p.pid}/exe")) == exe_name:
+            # the new image and its argv (read back as the command) both in place
+            if (os.path.basename(os.readlink(f"/proc/{p.pid}/exe")) == exe_name
+                    and Path(f"/proc/{p.pid}/cmdline").read_bytes()):
                 return
         except OSError:
             pass
