@@ -14,7 +14,7 @@ from sqlalchemy import create_engine
 from app.config import normalize_database_url
 from tests.conftest import gpu, snapshot_body
 from tests.ops.test_lifecycle_race import _race, _story
-from tests.ops.test_multiprocess import _cli, pg_env, serve  # noqa: F401 - pg_env is a fixture
+from tests.ops.test_multiprocess import pg_env, seed, serve  # noqa: F401 - pg_env is a fixture
 
 import pytest
 
@@ -23,11 +23,8 @@ REPEATS = 4
 
 
 def test_racing_decisions_have_one_winner_named_in_the_409(pg_env, tmp_path):  # noqa: F811
-    _cli(pg_env, "admin", "create-user", "alice", "--no-password")
-    for name in ("boss", "chief"):
-        _cli(pg_env, "admin", "create-user", name, "--admin", "--no-password")
-    who = {n: {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", n)} for n in ("alice", "boss", "chief")}
-    host = {"Authorization": "Bearer " + _cli(pg_env, "admin", "add-host", "node-01")}
+    who = seed(pg_env, users=("alice",), admins=("boss", "chief"), hosts=("node-01",))
+    host = who.pop("node-01")
     engine = create_engine(normalize_database_url(pg_env["GPUROSTER_DATABASE_URL"]))
     with ExitStack() as stack:
         a = stack.enter_context(serve(pg_env, tmp_path / "a.log"))

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, select
 from app.config import normalize_database_url
 from app.models import AuditLog, Reservation
 from tests.conftest import gpu, snapshot_body
-from tests.ops.test_multiprocess import _cli, pg_env, serve  # noqa: F401 - pg_env is a fixture
+from tests.ops.test_multiprocess import pg_env, seed, serve  # noqa: F401 - pg_env is a fixture
 
 pytestmark = pytest.mark.postgres
 
@@ -64,11 +64,8 @@ def _story(engine, rid: int) -> list[AuditLog]:
 
 
 def test_every_pair_of_transitions_has_one_serial_outcome(pg_env, tmp_path):  # noqa: F811 - the fixture
-    _cli(pg_env, "admin", "create-user", "alice", "--no-password")
-    _cli(pg_env, "admin", "create-user", "boss", "--admin", "--no-password")
-    people = {"alice": {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "alice")},
-              "boss": {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "boss")}}
-    host = {"Authorization": "Bearer " + _cli(pg_env, "admin", "add-host", "node-01")}
+    people = seed(pg_env, users=("alice",), admins=("boss",), hosts=("node-01",))
+    host = people.pop("node-01")
     uuids = [f"GPU-{i:04d}dddd-0000-0000-0000-{i:012d}" for i in range(1 + len(ACTIVE_ACTIONS) * 2 * REPEATS)]
     engine = create_engine(normalize_database_url(pg_env["GPUROSTER_DATABASE_URL"]))
     pairs = [("upcoming", p) for p in itertools.combinations_with_replacement(UPCOMING_ACTIONS, 2)] + \
@@ -128,9 +125,8 @@ def test_every_pair_of_transitions_has_one_serial_outcome(pg_env, tmp_path):  # 
 
 
 def test_parallel_any_gpu_requests_with_one_key_book_one_gpu_across_servers(pg_env, tmp_path):  # noqa: F811 - the fixture
-    _cli(pg_env, "admin", "create-user", "alice", "--no-password")
-    alice = {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "alice")}
-    host = {"Authorization": "Bearer " + _cli(pg_env, "admin", "add-host", "node-01")}
+    who = seed(pg_env, users=("alice",), hosts=("node-01",))
+    alice, host = who["alice"], who["node-01"]
     uuids = [f"GPU-{i}{i}{i}{i}eeee-0000-0000-0000-00000000000{i}" for i in range(4)]
     engine = create_engine(normalize_database_url(pg_env["GPUROSTER_DATABASE_URL"]))
     with ExitStack() as stack:

@@ -4,11 +4,9 @@ of them with two workers) on one database, agent posts to either, the same state
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,40 +15,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, gpu, require_pg, snapshot_body
-from testkit.ports import free_port
+from testkit.live import Seeder, live_server
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.postgres
-
-
-@contextmanager
-def serve(env: dict[str, str], log: Path, workers: int = 1):
-    """``gpuroster serve`` on a free port until /readyz answers; stopped (whole group) on exit."""
-    port = free_port()
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "gpuroster"), "serve", "--port", str(port), "--workers", str(workers),
-                                 "--no-migrate", "--log-level", "warning"], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, f"serve exited {proc.returncode}: {log.read_text()}"
-                try:
-                    if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
-            yield url
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 @pytest.fixture
@@ -68,10 +36,20 @@ def pg_env(tmp_path):
         _drop_pg_database(name)
 
 
-def _cli(env, *args: str, stdin: str | None = None) -> str:
-    r = subprocess.run([str(BIN / "gpuroster"), *args], env=env, input=stdin, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip().splitlines()[-1]
+def seed(env: dict[str, str], *, users: tuple[str, ...] = (), admins: tuple[str, ...] = (),
+         hosts: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """Users (with an API token) and hosts in ``env``'s database, written in this process
+    (``gpuroster admin`` itself is tested in ``tests/cli``): name -> Authorization header."""
+    with Seeder(env["GPUROSTER_DATABASE_URL"]) as seeder:
+        tokens = {n: seeder.user(n) for n in users} | {n: seeder.user(n, admin=True) for n in admins} | \
+                 {n: seeder.host(n) for n in hosts}
+    return {n: {"Authorization": f"Bearer {t}"} for n, t in tokens.items()}
+
+
+def serve(env: dict[str, str], log: Path, workers: int = 1):
+    """``gpuroster serve`` (no migration: ``pg_env`` migrated) until /readyz answers; see
+    :func:`testkit.live.live_server`."""
+    return live_server(env, workers=workers, migrate=False, log=log)
 
 
 def _metrics(url: str) -> dict:
@@ -82,11 +60,8 @@ def _metrics(url: str) -> dict:
 
 
 def test_two_servers_on_one_database_see_the_same_state(pg_env, tmp_path):
-    _cli(pg_env, "admin", "create-user", "alice", "--no-password")
-    _cli(pg_env, "admin", "create-user", "bob", "--no-password")
-    alice = {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "alice")}
-    bob = {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "bob")}
-    host = {"Authorization": "Bearer " + _cli(pg_env, "admin", "add-host", "node-01")}
+    who = seed(pg_env, users=("alice", "bob"), hosts=("node-01",))
+    alice, bob, host = who["alice"], who["bob"], who["node-01"]
     uuids = [f"GPU-{i}{i}{i}{i}bbbb-0000-0000-0000-00000000000{i}" for i in range(2)]
 
     with ExitStack() as stack:
@@ -135,10 +110,10 @@ def test_a_real_replay_agent_posts_to_either_server(pg_env, tmp_path):
     cap = bundled_captures()[0]
     name = replay_host_name(cap)
     token_file = tmp_path / "token"
-    token_file.write_text(_cli(pg_env, "admin", "add-host", name) + "\n")
+    who = seed(pg_env, admins=("root-admin",), hosts=(name,))
+    token_file.write_text(who[name]["Authorization"].removeprefix("Bearer ") + "\n")
     token_file.chmod(0o600)
-    _cli(pg_env, "admin", "create-user", "root-admin", "--admin", "--no-password")
-    admin = {"Authorization": "Bearer " + _cli(pg_env, "admin", "create-token", "root-admin")}
+    admin = who["root-admin"]
     config = tmp_path / "agent.toml"
     config.write_text("")
     with ExitStack() as stack:
