@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     metrics_token: str | None = Field(default=None, description="when set, /metrics needs 'Authorization: Bearer <token>'")
     db_retry_after_seconds: int = Field(default=5, ge=1, description="Retry-After of the 503 sent while the database is away")
     pgbouncer: bool = Field(default=False, description="the database URL points at PgBouncer in transaction mode")
+    background_start_delay_seconds: float = Field(
+        default=0.0, ge=0, description="seconds after start before the periodic jobs (expiry of unapproved pending"
+        " reservations, the waitlist round, the check-in sweep, the history pruner) run a first round; each then"
+        " repeats at its own period")
     # Health quarantine (docs/rules.md)
     health_self_clear_seconds: int = Field(
         default=300, ge=0, description="a quarantine for thermal/power slowdown lifts after the device reports this long without it")

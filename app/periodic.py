@@ -62,7 +62,9 @@ def run_periodically(app: FastAPI, *, name: str, what: str, work: Callable[[Fast
                      first_delay: float = 0.0, report: Callable[[T], None] | None = None,
                      on_start: Callable[[FastAPI], None] | None = None) -> None:
     """Wrap ``app``'s lifespan so that :func:`repeat` runs as the task ``name`` while the app
-    runs. ``on_start(app)`` runs first, once the app's state (engine, settings) exists."""
+    runs. ``on_start(app)`` runs first, once the app's state (engine, settings) exists. The
+    first round waits ``first_delay`` seconds, or the settings' ``background_start_delay_seconds``
+    where that is longer."""
     inner = app.router.lifespan_context
 
     @asynccontextmanager
@@ -70,7 +72,8 @@ def run_periodically(app: FastAPI, *, name: str, what: str, work: Callable[[Fast
         async with inner(a) as state:
             if on_start is not None:
                 on_start(a)
-            task = asyncio.create_task(repeat(a, what=what, work=work, period=period, first_delay=first_delay,
+            delay = max(first_delay, a.state.settings.background_start_delay_seconds)
+            task = asyncio.create_task(repeat(a, what=what, work=work, period=period, first_delay=delay,
                                               report=report), name=name)
             try:
                 yield state

@@ -153,10 +153,14 @@ def truncate_all(url: str) -> None:
 
 @pytest.fixture
 def settings(db_url, tmp_path):
+    """The in-process app's settings. Its periodic jobs (expiry, waitlist round, check-in
+    sweep, pruner) run no round during the test: each test that is about them calls its round
+    itself (``sweep_once(app)`` ...), so no round runs unasked beside the requests a test
+    makes, nor takes the SQLite write turn from them."""
     from app.config import Settings
 
     return Settings(database_url=db_url, data_dir=tmp_path, environment="test", timezone="Europe/Berlin",
-                    base_url="http://testserver")
+                    base_url="http://testserver", background_start_delay_seconds=3600)
 
 
 @pytest.fixture
