@@ -14,7 +14,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from app import __version__, web
 from app.api import (agent, approvals, boosts, checkin, feeds, findings, hosts, metrics, notify, quarantines,
@@ -101,13 +101,21 @@ async def _flush_token_usage_every(app: FastAPI, seconds: float) -> None:
         await _flush_token_usage(app)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The application. ``settings`` default to the environment (``GPUROSTER_*``)."""
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """The application. ``settings`` default to the environment (``GPUROSTER_*``).
+
+    ``engine``: one the caller built with :func:`app.db.build_engine` for these settings and
+    keeps; the application uses it while it runs and leaves it open at shutdown. By default
+    each start builds its own engine and disposes of it at shutdown. An engine compiles each
+    statement shape once (its compiled cache), so applications started one after another on
+    one engine (as the test suite does) skip compiling again what the last one compiled.
+    """
     settings = settings or get_settings()
+    borrowed = engine
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = build_engine(settings)
+        engine = borrowed or build_engine(settings)
         app.state.engine = engine
         app.state.session_factory = build_session_factory(engine)
         app.state.write_gates = weakref.WeakKeyDictionary() if engine.dialect.name == "sqlite" else None
@@ -120,7 +128,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             flusher.cancel()
             await _flush_token_usage(app)
-            engine.dispose()
+            if borrowed is None:
+                engine.dispose()
 
     app = FastAPI(
         title="gpuroster",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 
 from fastapi import FastAPI, Request
 from sqlalchemy import event
@@ -56,14 +57,21 @@ class OutageLog:
 
 
 def _watch(app: FastAPI, outage: OutageLog) -> None:
+    """Have ``engine``'s next new connection end ``outage``. One listener per engine tells
+    every outage log watching it: an engine can outlive an application that borrowed it
+    (``create_app(engine=...)``), and the next application's log must hear of it too."""
     engine = getattr(app.state, "engine", None)
-    if engine is None or getattr(engine, "_gpuroster_outage_watch", False):
+    if engine is None:
         return
-    engine._gpuroster_outage_watch = True
+    logs = getattr(engine, "_gpuroster_outage_logs", None)
+    if logs is None:
+        logs = engine._gpuroster_outage_logs = weakref.WeakSet()
 
-    @event.listens_for(engine, "connect")
-    def _connected(_dbapi_conn, _record):
-        outage.recovered()
+        @event.listens_for(engine, "connect")
+        def _connected(_dbapi_conn, _record):
+            for each in list(logs):
+                each.recovered()
+    logs.add(outage)
 
 
 def install_outage_handler(app: FastAPI) -> None:
