@@ -56,7 +56,7 @@ class OutageLog:
         log.warning("database reachable again after %.0f s", seconds)
 
 
-def _watch(app: FastAPI, outage: OutageLog) -> None:
+def watch_recovery(app: FastAPI, outage: OutageLog) -> None:
     """Have ``engine``'s next new connection end ``outage``. One listener per engine tells
     every outage log watching it: an engine can outlive an application that borrowed it
     (``create_app(engine=...)``), and the next application's log must hear of it too."""
@@ -89,7 +89,7 @@ def install_outage_handler(app: FastAPI) -> None:
             return await previous(request, exc)
         if isinstance(exc, PoolTimeout):
             return await _pool_exhausted(request, exc)
-        _watch(request.app, outage)
+        watch_recovery(request.app, outage)
         outage.failed(exc)
         headers = {"Retry-After": retry_after}
         detail = "the database is unavailable; the service recovers by itself when it is back, retry shortly"

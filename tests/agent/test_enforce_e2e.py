@@ -34,7 +34,7 @@ from agent.schema import DeviceReport, FindingReport, HostPolicy, ProcessReport,
 # grace, past a 0.5 s bound.
 LATE = 5.0
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start children as nobody")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start children as nobody"), pytest.mark.slow]
 
 NOBODY = 65534
 HOST = "node-e2e"

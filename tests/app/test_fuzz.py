@@ -3,11 +3,14 @@ response conforms to the documented schema."""
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 from tests.conftest import gpu, snapshot_body
+
+pytestmark = pytest.mark.slow
 
 
 def test_api_has_no_5xx_and_conforms(app, client, lab):

@@ -23,6 +23,8 @@ from sqlalchemy import event, text
 from testkit.history import SEED, SEED_FINDINGS, SEED_ROLLUPS
 from tests.conftest import future, gpu, migrated_pg_database, snapshot_body
 
+pytestmark = pytest.mark.slow
+
 HISTORY = 120_000  # past reservations; enough that the planner prefers an index where one fits
 ROLLUPS = 300_000  # per-minute usage rollups: 8 GPUs, a row a minute for 26 days
 FINDINGS_DAYS, FINDINGS_PER_DAY = 90, 1000  # ended findings: a lab's 90 days

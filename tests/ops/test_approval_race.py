@@ -18,7 +18,7 @@ from tests.ops.test_multiprocess import pg_env, seed, serve  # noqa: F401 - pg_e
 
 import pytest
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 REPEATS = 4
 
 

@@ -21,7 +21,7 @@ from app.models import AuditLog, Reservation
 from tests.conftest import gpu, snapshot_body
 from tests.ops.test_multiprocess import pg_env, seed, serve  # noqa: F401 - pg_env is a fixture
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 TERMINAL = {"cancel", "release"}
 UPCOMING_ACTIONS = ("cancel", "change_end", "edit")

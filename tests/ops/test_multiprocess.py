@@ -18,7 +18,7 @@ from tests.conftest import PG_SERVER, _create_pg_database, _drop_pg_database, gp
 from testkit.live import Seeder, live_server
 
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 @pytest.fixture
