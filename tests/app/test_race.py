@@ -21,10 +21,20 @@ from tests.conftest import future, gpu, snapshot_body
 from testkit.live import gpuroster_env, live_server
 
 # Seconds a client waits for an answer. These tests judge what is written (no overlap, no 5xx),
-# not latency. On SQLite, two processes take turns at the file lock through its busy handler,
-# which favours the process already writing; on a loaded 2-core machine one request waited
-# over 60 s for its process's write turn (the turn itself has no deadline).
-ANSWER_TIMEOUT = 300
+# not latency: a request waits at most the busy timeout (30 s) for a write turn or a pooled
+# connection before its 503. A request still unanswered after this long fails the test with
+# the database's sessions (what each waits on), before the suite's own timeout (300 s) would
+# stop the test with nothing but thread stacks.
+ANSWER_TIMEOUT = 200
+
+SESSIONS = text(
+    """
+    SELECT pid, state, wait_event_type, wait_event, now() - xact_start AS in_transaction,
+           now() - state_change AS in_state, left(query, 200) AS query
+      FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+     ORDER BY xact_start NULLS LAST
+    """
+)
 
 OVERLAPS = text(
     """
@@ -66,13 +76,28 @@ def _register_devices(url: str, host_token: str, uuids: list[str]) -> None:
     assert r.status_code == 200, r.text
 
 
-def _post_until_answered(client: httpx.Client, url: str, **kw) -> httpx.Response:
+def _sessions(db_url: str) -> str:
+    """The database's other sessions, one a line (PostgreSQL), or a note that SQLite has none."""
+    if not db_url.startswith("postgresql"):
+        return "(SQLite: no session view)"
+    eng = create_engine(normalize_database_url(db_url))
+    with eng.connect() as c:
+        rows = c.execute(SESSIONS).all()
+    eng.dispose()
+    return "\n".join(" | ".join(str(v) for v in row) for row in rows) or "(none)"
+
+
+def _post_until_answered(client: httpx.Client, url: str, db_url: str, **kw) -> httpx.Response:
     """POST as a well-behaved client does: a 503 busy (every connection of that server in use,
     or the database locked past its timeout) is retried after its ``Retry-After``; nothing was
     written for it. Any other answer is returned. A busy answer that is not a problem document
-    with ``Retry-After`` fails the test."""
+    with ``Retry-After`` fails the test, and so does a request with no answer in
+    ``ANSWER_TIMEOUT`` seconds, naming what the database's sessions wait on."""
     for _ in range(30):
-        r = client.post(url, **kw)
+        try:
+            r = client.post(url, **kw)
+        except httpx.TimeoutException as e:
+            pytest.fail(f"no answer to POST {url} in {ANSWER_TIMEOUT} s ({e!r}); database sessions:\n{_sessions(db_url)}")
         if r.status_code != 503:
             return r
         assert r.json()["type"] == "/problems/busy" and r.headers["Retry-After"], r.text
@@ -100,7 +125,7 @@ def test_b21_twenty_parallel_requests_one_201(db_url, tmp_path):
         def post(i: int) -> httpx.Response:
             url = url_a if i % 2 == 0 else url_b
             with httpx.Client(timeout=ANSWER_TIMEOUT) as client:
-                return _post_until_answered(client, url + "/api/v1/reservations", json=body,
+                return _post_until_answered(client, url + "/api/v1/reservations", db_url, json=body,
                                             headers={"Authorization": f"Bearer {tokens[i]}"})
 
         with ThreadPoolExecutor(max_workers=20) as pool:
@@ -134,7 +159,7 @@ def test_b21_heavy_64_clients_8_devices_no_overlap_no_500(db_url, tmp_path):
         def post(a) -> int:
             i, devs, s, e = a
             r = _post_until_answered(
-                clients[i % 2], "/api/v1/reservations",
+                clients[i % 2], "/api/v1/reservations", db_url,
                 json={"host": "node-01", "devices": devs, "start": s.isoformat(), "end": e.isoformat()},
                 headers={"Authorization": f"Bearer {tokens[i % len(tokens)]}"},
             )
