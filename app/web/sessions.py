@@ -87,18 +87,7 @@ def sign_in(
         signin_throttle.record_failure(session, username=username, address=address, now=now)
         raise SignInFailed("wrong username or password", field="password")
     signin_throttle.clear(session, username=username, address=address, settings=settings, now=now)
-    session.execute(delete(WebSession).where(WebSession.user_id == user.id, WebSession.expires_at <= now))
-    value = secrets.token_urlsafe(32)
-    ws = WebSession(
-        token_hash=token_hash(value),
-        user_id=user.id,
-        csrf_token=secrets.token_urlsafe(32),
-        created_at=now,
-        expires_at=now + timedelta(hours=settings.session_hours),
-    )
-    session.add(ws)
-    session.flush()
-    return SignedIn(web_session=ws, cookie_value=value, user=user)
+    return open_session(session, user=user, settings=settings, now=now)
 
 
 def session_for_cookie(session: Session, *, cookie_value: str | None, now: datetime) -> tuple[WebSession, User] | None:
@@ -144,7 +133,8 @@ def signin_token_ok(settings: Settings, nonce: str | None, given: str | None) ->
 
 
 def open_session(session: Session, *, user: User, settings: Settings, now: datetime) -> SignedIn:
-    """Open a browser session for ``user``, already authenticated elsewhere (single sign-on)."""
+    """Open a browser session for ``user``, already authenticated (by password, the
+    directory or single sign-on); sessions of the user that have expired are removed."""
     session.execute(delete(WebSession).where(WebSession.user_id == user.id, WebSession.expires_at <= now))
     value = secrets.token_urlsafe(32)
     ws = WebSession(token_hash=token_hash(value), user_id=user.id, csrf_token=secrets.token_urlsafe(32), created_at=now,

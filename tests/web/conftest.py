@@ -61,15 +61,40 @@ class WebLab:
     devices: list[str]
 
 
+def open_session_for(app, client: TestClient, username: str) -> str:
+    """Give ``client`` a web session of ``username`` opened by the service the sign-in form
+    ends in (:func:`app.web.sessions.open_session`); returns its CSRF token. The form itself
+    (password, throttle, directory) is what ``sign_in`` and the sign-in tests go through."""
+    from sqlalchemy import select
+
+    from app.db import run_in_transaction
+    from app.models import User
+    from app.models.base import utcnow
+    from app.web import sessions as web_sessions
+
+    def work(s):
+        user = s.scalar(select(User).where(User.username == username))
+        assert user is not None, username
+        signed = web_sessions.open_session(s, user=user, settings=app.state.settings, now=utcnow())
+        return signed.cookie_value, signed.web_session.csrf_token
+
+    value, csrf = run_in_transaction(app.state.session_factory, work)
+    client.cookies.set(web_sessions.SESSION_COOKIE, value)
+    return csrf
+
+
 @pytest.fixture
 def browser_for(app, client):
-    """``browser_for(username) -> Browser``: a separate signed-in client for an existing user."""
+    """``browser_for(username) -> Browser``: a separate signed-in client for an existing user
+    (a session opened directly, :func:`open_session_for`); ``browser_for(username, password)``
+    signs in through the form instead."""
     opened: list[TestClient] = []
 
-    def _open(username: str, password: str = PASSWORD) -> Browser:
+    def _open(username: str, password: str | None = None) -> Browser:
         c = TestClient(app)
         opened.append(c)
-        return Browser(username, c, sign_in(c, username, password))
+        csrf = open_session_for(app, c, username) if password is None else sign_in(c, username, password)
+        return Browser(username, c, csrf)
 
     yield _open
     for c in opened:
