@@ -57,9 +57,10 @@ class OutageLog:
 
 
 def watch_recovery(app: FastAPI, outage: OutageLog) -> None:
-    """Have ``engine``'s next new connection end ``outage``. One listener per engine tells
-    every outage log watching it: an engine can outlive an application that borrowed it
-    (``create_app(engine=...)``), and the next application's log must hear of it too."""
+    """Have the next new connection of ``app``'s engine end ``outage`` (log that the database
+    is back). One listener per engine tells every outage log watching it: an engine can
+    outlive an application that borrowed it (``create_app(engine=...)``), and the next
+    application's log must hear of it too."""
     engine = getattr(app.state, "engine", None)
     if engine is None:
         return
