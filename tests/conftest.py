@@ -341,11 +341,10 @@ def book(client, actor, devices, start, end=None, *, host="node-01", **extra):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Files with end-to-end tests (marked ``slow`` or ``browser``) run first, in their order.
-
-    ``./test`` spreads whole files over worker processes (pytest-xdist, ``--dist loadfile``),
-    handing each worker the next file as it finishes one: starting the few files of a
-    minute or more first keeps them from being the last ones running alone at the end.
+    """Files with end-to-end tests (marked ``slow`` or ``browser``) are collected first, in
+    their order: a run in one process starts with them, and so would workers handed files in
+    collection order (pytest-xdist ``--no-loadscope-reorder``). ``./test`` keeps xdist's own
+    order, files with the most tests first, for the reason its comment gives.
     """
     heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
     items.sort(key=lambda item: item.path not in heavy)  # stable: the order inside each group is kept
