@@ -10,6 +10,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.db import build_engine
 from app.main import create_app
+from app.middleware.outage import watch_recovery
 
 
 def test_a_lent_engine_is_used_and_left_open_while_an_own_engine_is_disposed(settings):
@@ -43,8 +44,6 @@ def test_each_application_on_a_lent_engine_hears_that_the_database_is_back(setti
                 logs.append(app.state.db_outage)
                 # the outage handler starts watching the engine when it first answers an outage
                 app.state.db_outage.failed(OperationalError("SELECT 1", {}, Exception("connection refused")))
-                from app.middleware.outage import watch_recovery
-
                 watch_recovery(app, app.state.db_outage)
         assert all(log.since is not None for log in logs)
         engine.pool.dispose()  # the next connection is a new one, as after an outage

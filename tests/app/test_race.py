@@ -80,11 +80,7 @@ def _sessions(db_url: str) -> str:
     """The database's other sessions, one a line (PostgreSQL), or a note that SQLite has none."""
     if not db_url.startswith("postgresql"):
         return "(SQLite: no session view)"
-    eng = create_engine(normalize_database_url(db_url))
-    with eng.connect() as c:
-        rows = c.execute(SESSIONS).all()
-    eng.dispose()
-    return "\n".join(" | ".join(str(v) for v in row) for row in rows) or "(none)"
+    return "\n".join(" | ".join(str(v) for v in row) for row in _rows(db_url, SESSIONS)) or "(none)"
 
 
 def _post_until_answered(client: httpx.Client, url: str, db_url: str, **kw) -> httpx.Response:
@@ -105,11 +101,17 @@ def _post_until_answered(client: httpx.Client, url: str, db_url: str, **kw) -> h
     return r
 
 
-def _count(db_url: str, sql) -> int:
+def _rows(db_url: str, sql) -> list:
+    """The rows of ``sql``, read on a connection of its own (the servers' engines are theirs)."""
     eng = create_engine(normalize_database_url(db_url))
     with eng.connect() as c:
-        n = c.execute(sql).scalar_one()
+        rows = c.execute(sql).all()
     eng.dispose()
+    return rows
+
+
+def _count(db_url: str, sql) -> int:
+    (n,), = _rows(db_url, sql)
     return n
 
 

@@ -65,17 +65,13 @@ def open_session_for(app, client: TestClient, username: str) -> str:
     """Give ``client`` a web session of ``username`` opened by the service the sign-in form
     ends in (:func:`app.web.sessions.open_session`); returns its CSRF token. The form itself
     (password, throttle, directory) is what ``sign_in`` and the sign-in tests go through."""
-    from sqlalchemy import select
-
     from app.db import run_in_transaction
-    from app.models import User
     from app.models.base import utcnow
+    from app.services.users import get_user
     from app.web import sessions as web_sessions
 
     def work(s):
-        user = s.scalar(select(User).where(User.username == username))
-        assert user is not None, username
-        signed = web_sessions.open_session(s, user=user, settings=app.state.settings, now=utcnow())
+        signed = web_sessions.open_session(s, user=get_user(s, username), settings=app.state.settings, now=utcnow())
         return signed.cookie_value, signed.web_session.csrf_token
 
     value, csrf = run_in_transaction(app.state.session_factory, work)
