@@ -17,7 +17,11 @@ figures, their ratio to the target, and the growth per 1,000 polls (least-square
 the second half, after caches have filled). 20,000 polls is 28 hours at the 5 s default
 interval. The polls run back to back (``--interval 0.001``): time-based expiry (caches'
 TTLs, spool age) sees minutes, not hours; the poll count is what is stretched.
-Asserts nothing. Run: ``.venv/bin/python bench/agent_memory.py [--polls 20000]``.
+With ``--real-nvml`` (a machine with NVIDIA GPUs) nothing is faked: the agent reads the real
+NVML, so its RSS includes the driver's ``libnvidia-ml.so`` and what NVML allocates, over
+whatever compute processes the host runs; no processes are started or replaced, and the ack's
+reservation names GPU 0's real UUID.
+Asserts nothing. Run: ``.venv/bin/python bench/agent_memory.py [--polls 20000] [--real-nvml]``.
 """
 
 from __future__ import annotations
@@ -64,6 +68,14 @@ fake.__class__ = Churning
 import agent.main
 with patched_pynvml(fake):
     sys.exit(agent.main.main(sys.argv[1:]))
+"""
+
+# The agent's process on a GPU host: the real pynvml, the agent's own entry point.
+CHILD_REAL = r"""
+import sys
+sys.path.insert(0, {root!r})
+import agent.main
+sys.exit(agent.main.main(sys.argv[1:]))
 """
 
 
@@ -151,10 +163,11 @@ def main() -> int:
     ap.add_argument("--polls", type=int, default=20_000)
     ap.add_argument("--top", type=int, default=8, help="print the agent's largest mappings at the end")
     ap.add_argument("--churn", type=int, default=25, help="replace one process every this many polls")
+    ap.add_argument("--real-nvml", action="store_true", help="read the GPUs of this machine; fake nothing")
     args = ap.parse_args()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="gr-mem-"))
-    kids = [subprocess.Popen(["sleep", "100000"]) for _ in range(N_GPUS * PROCS_PER_GPU)]
+    kids = [] if args.real_nvml else [subprocess.Popen(["sleep", "100000"]) for _ in range(N_GPUS * PROCS_PER_GPU)]
     pids_file = work / "pids"
 
     def write_pids() -> None:
@@ -166,12 +179,12 @@ def main() -> int:
     token.write_text("bench-token")
     token.chmod(0o600)
     sys.path.insert(0, str(ROOT))
-    service = Service(_gpu0_uuid())
+    service = Service(_real_gpu0_uuid() if args.real_nvml else _gpu0_uuid())
     replaced = 0
 
     def churn(n: int) -> None:
         nonlocal replaced
-        if n % args.churn == 0:
+        if kids and n % args.churn == 0:
             i = replaced % len(kids)
             old, kids[i] = kids[i], subprocess.Popen(["sleep", "100000"])
             write_pids()
@@ -185,7 +198,8 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUROSTER_AGENT_")}
     env["GPUROSTER_AGENT_CONFIG"] = str(work / "agent.toml")
     agent = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(root=str(ROOT), pids_file=str(pids_file), gpus=N_GPUS, per=PROCS_PER_GPU),
+        [sys.executable, "-c", CHILD_REAL.format(root=str(ROOT)) if args.real_nvml else
+         CHILD.format(root=str(ROOT), pids_file=str(pids_file), gpus=N_GPUS, per=PROCS_PER_GPU),
          "--server", f"http://127.0.0.1:{service.server_address[1]}", "--token-file", str(token),
          "--state-dir", str(work / "state"), "--interval", "0.001", "--dry-run", "--host", "bench", "--log-level", "ERROR"],
         cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -210,8 +224,9 @@ def main() -> int:
     first, last = s[0][1] / MiB, s[-1][1] / MiB
     peak = max(r for _, r in s) / MiB
     half = [x for x in s if x[0] >= args.polls // 2]
-    print(f"agent under {Path(sys.executable).parent.parent.name}: python {sys.version.split()[0]}, "
-          f"{N_GPUS} GPUs x {PROCS_PER_GPU} processes, one replaced every {args.churn} polls ({replaced} replaced)")
+    host = ("this machine's GPUs through the real NVML" if args.real_nvml else
+            f"fake NVML, {N_GPUS} GPUs x {PROCS_PER_GPU} processes, one replaced every {args.churn} polls ({replaced} replaced)")
+    print(f"agent under {Path(sys.executable).parent.parent.name}: python {sys.version.split()[0]}, {host}")
     print(f"target: RSS at most {TARGET_MIB:.0f} MiB, flat")
     print(f"  RSS after the first poll : {first:6.1f} MiB ({first / TARGET_MIB:.2f} x target)")
     print(f"  RSS after {s[-1][0]:>6} polls : {last:6.1f} MiB ({last / TARGET_MIB:.2f} x target); peak sampled {peak:.1f} MiB")
@@ -225,6 +240,16 @@ def main() -> int:
             print(f"    {kib / 1024:6.1f} MiB  {name}")
     print(f"elapsed {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _real_gpu0_uuid() -> str:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _gpu0_uuid() -> str:

@@ -15,10 +15,17 @@
 #    prints), which runs as root on the host;
 # 4. runs the agent against real NVML: `--print` (the admin's nvidia-smi-like view) and `--once`
 #    (posts one snapshot to the service);
-# 5. saves the agent's snapshot, the service's GET /api/v1/devices and a summary to OUT_DIR.
+# 5. saves the agent's snapshot, the service's GET /api/v1/devices and a summary to OUT_DIR, and
+#    `nvidia-smi -q -x` taken beside the agent's reading (`nvidia-smi-q-x-busy.xml`: a capture the
+#    replay source can play back, to compare with what the agent read from NVML);
+# 6. when run as root, enforcement on the real GPU: two accounts `gr-holder` and `gr-intruder`
+#    (uids 20001, 20002) each start the same CUDA process on GPU 0; gr-holder has reserved GPU 0
+#    through the API, the host's policy is `terminate` with a 3 s grace, and the agent runs as a
+#    daemon at a 1 s interval. The intruder's process must be stopped and the holder's spared.
 #
 # Exit status: 0 when the agent saw the CUDA process on a GPU, attributed the container's
-# process (if one was started) to the label's owner, and the service lists the GPUs.
+# process (if one was started) to the label's owner, the service lists the GPUs and (as root)
+# enforcement stopped the intruder's process alone.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -43,6 +50,27 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# api METHOD PATH [TOKEN] [JSON]: the answer's body on stdout; non-zero status on a transport
+# error or, with API_FAIL=1, on an HTTP error. Python and httpx (an agent dependency) rather
+# than curl, which a GPU host's image may lack.
+api() {
+    "$BIN/python" - "$URL" "$@" <<'PY'
+import os, sys, httpx
+url, method, path = sys.argv[1:4]
+token = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
+body = sys.argv[5] if len(sys.argv) > 5 else None
+headers = {"Authorization": f"Bearer {token}"} if token else {}
+if body is not None:
+    headers["Content-Type"] = "application/json"
+try:
+    r = httpx.request(method, url + path, headers=headers, content=body, timeout=30)
+except httpx.HTTPError as exc:
+    sys.exit(f"{method} {path}: {exc}")
+sys.stdout.write(r.text)
+sys.exit(1 if os.environ.get("API_FAIL") == "1" and r.status_code >= 400 else 0)
+PY
+}
+
 log() { printf '[gpu_check] %s\n' "$*" | tee -a "$OUT_DIR/summary.txt" >&2; }
 : > "$OUT_DIR/summary.txt"
 
@@ -60,10 +88,10 @@ fi
 "$BIN/gpuroster" serve --host 127.0.0.1 --port "$PORT" > "$OUT_DIR/service.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 60); do
-    curl -fsS "$URL/healthz" >/dev/null 2>&1 && break
+    API_FAIL=1 api GET /healthz >/dev/null 2>&1 && break
     sleep 0.5
 done
-curl -fsS "$URL/healthz" >/dev/null || { log "service did not start; see service.log"; exit 1; }
+API_FAIL=1 api GET /healthz >/dev/null || { log "service did not start; see service.log"; exit 1; }
 log "service up at $URL"
 
 # -- 2. host and admin ----------------------------------------------------------------------
@@ -76,7 +104,7 @@ ADMIN_TOKEN=$("$BIN/gpuroster" admin create-token checker --name gpu-check | tai
 # -- 3. a CUDA process of a user without a reservation ---------------------------------------
 cat > "$WORK/cuda_hold.py" <<'PY'
 """Hold a CUDA context and 256 MiB on GPU 0 for a while (ctypes over libcuda.so.1)."""
-import ctypes, sys, time
+import ctypes, os, sys, time
 
 cuda = ctypes.CDLL("libcuda.so.1")
 def check(rc, what):
@@ -89,11 +117,11 @@ ctx = ctypes.c_void_p()
 check(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate_v2")
 ptr = ctypes.c_uint64()
 check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), 256 << 20), "cuMemAlloc_v2")
-print("holding GPU 0", flush=True)
+print("holding GPU 0 as pid", os.getpid(), flush=True)
 time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 120)
 PY
 chmod 644 "$WORK/cuda_hold.py"
-PYTHON_FOR_CUDA=$(command -v python3 || echo "$BIN/python")
+PYTHON_FOR_CUDA=${PYTHON_FOR_CUDA:-$(command -v python3 || echo "$BIN/python")}  # any python3 the CUDA users may run
 if [ "$(id -u)" = 0 ]; then
     CUDA_USER=gpuroster-check
     id "$CUDA_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$CUDA_USER" 2>/dev/null \
@@ -113,8 +141,8 @@ for _ in $(seq 1 60); do
     sleep 0.5
 done
 grep -q "holding GPU 0" "$OUT_DIR/cuda.log" || { log "CUDA process failed: $(tail -3 "$OUT_DIR/cuda.log")"; exit 1; }
-# runuser forks: the CUDA process is its child
-REAL_CUDA_PID=$(pgrep -P "$CUDA_PID" -f cuda_hold.py || echo "$CUDA_PID")
+# runuser forks: the CUDA process is its child, and says its own pid
+REAL_CUDA_PID=$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda.log")
 log "CUDA process pid $REAL_CUDA_PID as $CUDA_USER (no reservation)"
 
 # -- 3b. the same CUDA process in a container carrying its owner label ------------------------
@@ -151,6 +179,7 @@ sleep 2  # let NVML list them
 # -- 4. the agent on real NVML --------------------------------------------------------------
 printf '' > "$WORK/none.toml"  # an empty config: nothing from /etc/gpuroster leaks into the check
 set +e
+command -v nvidia-smi >/dev/null && nvidia-smi -q -x > "$OUT_DIR/nvidia-smi-q-x-busy.xml" 2>&1
 "$BIN/gpuroster-agent" --print --expect-gpus --config "$WORK/none.toml" > "$OUT_DIR/agent-print.json" 2> "$OUT_DIR/agent-print.log"
 PRINT_RC=$?
 "$BIN/gpuroster-agent" --once --expect-gpus --config "$WORK/none.toml" --server "$URL" --token-file "$WORK/host.token" \
@@ -163,12 +192,50 @@ set -e
 log "agent --print rc=$PRINT_RC, --once rc=$ONCE_RC ($(head -1 "$OUT_DIR/agent-once.txt"))"
 
 # -- 5. what the service knows ---------------------------------------------------------------
-curl -sS -H "Authorization: Bearer $ADMIN_TOKEN" "$URL/api/v1/devices" > "$OUT_DIR/devices.json" || true
-curl -sS "$URL/metrics" > "$OUT_DIR/metrics.txt" 2>/dev/null || true
+api GET /api/v1/devices "$ADMIN_TOKEN" > "$OUT_DIR/devices.json" || true
+api GET /metrics > "$OUT_DIR/metrics.txt" 2>/dev/null || true
 
-"$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" "$CONTAINER_ID" <<'PY' | tee -a "$OUT_DIR/summary.txt"
+# -- 6. enforcement on the real GPU: the holder's job is spared, the intruder's is stopped ----
+ENFORCE=skipped
+if [ "$(id -u)" = 0 ]; then
+    for who in gr-holder:20001 gr-intruder:20002; do
+        name=${who%%:*} uid=${who##*:}
+        id "$name" >/dev/null 2>&1 || useradd -M -u "$uid" -s /bin/false "$name"
+        # the service knows them by the same name; the uid is given too, as for directory users
+        "$BIN/gpuroster" admin create-user "$name" --no-password --unix-uid "$uid" >/dev/null
+    done
+    HOLDER_TOKEN=$("$BIN/gpuroster" admin create-token gr-holder --name gpu-check | tail -1)
+    api POST /api/v1/reservations "$HOLDER_TOKEN" "{\"host\": \"$HOST\", \"devices\": [0], \"start\": \"now\", \"duration\": \"PT30M\"}" \
+        > "$OUT_DIR/enforce-reservation.json" || true
+    api PATCH "/api/v1/hosts/$HOST" "$ADMIN_TOKEN" '{"policy": "terminate", "grace_seconds": 3}' > "$OUT_DIR/enforce-policy.json" || true
+    declare -A JOB
+    for name in gr-holder gr-intruder; do
+        runuser -u "$name" -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 90 > "$OUT_DIR/cuda-$name.log" 2>&1 &
+        PIDS+=($!)
+        for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-$name.log" 2>/dev/null && break; sleep 0.5; done
+        JOB[$name]=$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-$name.log")
+    done
+    log "enforcement: holder pid ${JOB[gr-holder]:-none}, intruder pid ${JOB[gr-intruder]:-none}; reservation $(head -c 200 "$OUT_DIR/enforce-reservation.json")"
+    timeout -s TERM 20 "$BIN/gpuroster-agent" --expect-gpus --config "$WORK/none.toml" --server "$URL" \
+        --token-file "$WORK/host.token" --host "$HOST" --state-dir "$WORK/agent-state" --interval 1 \
+        > "$OUT_DIR/agent-enforce.log" 2>&1 || true
+    api GET /api/v1/findings "$ADMIN_TOKEN" > "$OUT_DIR/enforce-findings.json" || true
+    holder_alive=no intruder_alive=no
+    [ -n "${JOB[gr-holder]:-}" ] && kill -0 "${JOB[gr-holder]}" 2>/dev/null && holder_alive=yes
+    [ -n "${JOB[gr-intruder]:-}" ] && kill -0 "${JOB[gr-intruder]}" 2>/dev/null && intruder_alive=yes
+    if [ -n "${JOB[gr-holder]:-}" ] && [ -n "${JOB[gr-intruder]:-}" ] && [ $holder_alive = yes ] && [ $intruder_alive = no ]; then
+        ENFORCE=pass
+    else
+        ENFORCE=fail
+    fi
+    log "enforcement: holder alive=$holder_alive, intruder alive=$intruder_alive after 20 s of the agent: $ENFORCE"
+else
+    log "not root: enforcement on the real GPU not checked (it needs two accounts)"
+fi
+
+"$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" "$CONTAINER_ID" "$ENFORCE" <<'PY' | tee -a "$OUT_DIR/summary.txt"
 import json, sys
-out, pid, user, container = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+out, pid, user, container, enforce = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 snap = json.load(open(f"{out}/agent-print.json"))
 print(f"monitoring: {snap['monitoring']}; stale={snap['stale']} suspect={snap['suspect']} "
       f"driver={snap['driver_version']} nvml={snap['nvml_version']} cuda={snap['cuda_version']} binding={snap['binding_version']}")
@@ -194,7 +261,9 @@ if container:
     who = [(p["uid"], p["unix_user"], p.get("owner_source")) for p in boxed]
     print(f"container {container[:12]}: processes (uid, attributed to, by) {who}")
     ok = ok and bool(boxed) and all(p["unix_user"] == "checker" and p.get("owner_source") == "label" for p in boxed)
+ok = ok and enforce != "fail"
 print("RESULT:", "PASS" if ok else "FAIL", f"(CUDA pid {pid} seen: {bool(mine)}, attributed to {mine[0]['unix_user'] if mine else None}"
-      + (f"; container processes attributed to {sorted({p['unix_user'] for p in boxed})}" if container else "") + ")")
+      + (f"; container processes attributed to {sorted({p['unix_user'] for p in boxed})}" if container else "")
+      + f"; enforcement: {enforce})")
 sys.exit(0 if ok else 1)
 PY

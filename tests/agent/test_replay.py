@@ -36,6 +36,7 @@ def _expected(path: Path) -> dict:
             "name": (gpu.findtext("product_name") or "").strip(),
             "total": _number(gpu.findtext("fb_memory_usage/total")),
             "used": _number(gpu.findtext("fb_memory_usage/used")),
+            "reserved": _number(gpu.findtext("fb_memory_usage/reserved")),
             "migs": len(gpu.findall("mig_devices/mig_device")),
             "bus": (gpu.findtext("pci/pci_bus_id") or gpu.get("id")).strip(),
         }
@@ -61,6 +62,7 @@ def test_every_corpus_capture_parses_to_the_values_in_the_file(path):
         assert d.name == w["name"]
         assert d.memory_total_mib == w["total"]
         assert d.memory_used_mib == w["used"]
+        assert d.memory_reserved_mib == w["reserved"]
         assert d.pci_bus_id == w["bus"]
         assert len([m for m in migs if m.parent_uuid == d.uuid]) == w["migs"]
     # process rows: one per (device, pid); MIG processes land on a MIG device of the same GPU

@@ -1,0 +1,73 @@
+"""The replay source reads a real capture as the agent reads NVML on the same GPU.
+
+``bench/gpu_check.sh`` ran on a lent NVIDIA H200 (driver 580.159.04) with one CUDA process
+holding GPU 0. It saved ``nvidia-smi -q -x`` (tests/data/corpus/gpuroster__h200-driver580-busy.xml)
+and, about a second later, the agent's own reading of NVML, ``gpuroster-agent --print``
+(tests/data/nvml/h200-driver580-busy.agent.json). What a capture and NVML both state
+about the device and its processes must come out of the replay source as the agent read it
+from NVML; readings that move by the second (temperature, power, memory in use) within a
+small margin.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.replay import parse_capture
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CAPTURE = DATA / "corpus" / "gpuroster__h200-driver580-busy.xml"
+READING = DATA / "nvml" / "h200-driver580-busy.agent.json"
+
+# fields both sources state that do not change between two reads a second apart
+STATIC = ("uuid", "index", "name", "pci_bus_id", "memory_total_mib", "power_limit_w", "persistence_mode",
+          "compute_mode", "mig_mode", "parent_uuid", "ecc_uncorrected", "health", "processes_status")
+# readings that move: the largest difference taken as the same state (units of each field)
+MOVING = {"temperature_c": 2.0, "power_draw_w": 10.0, "memory_used_mib": 16.0, "memory_reserved_mib": 2.0,
+          "utilization_gpu": 5.0, "utilization_memory": 5.0}
+
+
+@pytest.fixture(scope="module")
+def both() -> tuple:
+    cap = parse_capture(CAPTURE.read_bytes(), CAPTURE.name)
+    return cap, json.loads(READING.read_text())
+
+
+def test_versions_agree(both):
+    cap, nvml = both
+    assert (cap.driver_version, cap.cuda_version) == (nvml["driver_version"], nvml["cuda_version"]) == ("580.159.04", "13.0")
+
+
+def test_device_fields_agree(both):
+    cap, nvml = both
+    assert [d.uuid for d in cap.devices] == [d["uuid"] for d in nvml["devices"]]
+    for replayed, read in zip(cap.devices, nvml["devices"], strict=True):
+        got = replayed.model_dump()
+        assert {f: got[f] for f in STATIC} == {f: read[f] for f in STATIC}
+        for field, margin in MOVING.items():
+            assert got[field] is not None and read[field] is not None, field
+            assert abs(got[field] - read[field]) <= margin, (field, got[field], read[field])
+
+
+def test_health_checks_agree_where_nvml_reports_them(both):
+    """The agent sends only checks that are not ``ok``; the capture must not find more."""
+    cap, nvml = both
+    for replayed, read in zip(cap.devices, nvml["devices"], strict=True):
+        not_ok = {(c.kind, c.state) for c in replayed.health_checks if c.state != "ok"}
+        sent = {(c["kind"], c["state"]) for c in read["health_checks"]}
+        # NVML's XID event set is read only by the agent's loop, never by one --print poll's capture
+        assert not_ok - {("xid", "unknown")} == sent
+        assert ("retired_pages_pending", "unknown") in sent  # Hopper retires no pages: it remaps rows
+
+
+def test_process_rows_agree(both):
+    cap, nvml = both
+    replayed = sorted((p.device_uuid, p.pid, p.type, p.used_memory_mib) for p in cap.processes)
+    read = sorted((p["device_uuid"], p["pid"], p["type"], p["used_memory_mib"]) for p in nvml["processes"])
+    assert replayed == read and len(read) == 1
+    # the capture names the interpreter; the agent the full command line it read from /proc
+    (proc,), (row,) = cap.processes, nvml["processes"]
+    assert row["command"].startswith(proc.command + " ")
