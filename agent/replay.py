@@ -239,6 +239,7 @@ def parse_capture(data: bytes | str, name: str = "capture.xml", *, pid_max: int 
                 target = mig_map.get((gi, ci)) or mig_map.get((gi, None)) or uuid
             ptype = (_text(info, "type") or "C").upper().replace(" ", "")
             if ptype not in ("C", "G", "C+G"):
+                # nvidia-smi's "M+C" is an MPS client: NVML lists it among the compute processes
                 ptype = "C"
             key = (target, pid)
             mem = _num(info, "used_memory")

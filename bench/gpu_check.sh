@@ -21,11 +21,16 @@
 # 6. when run as root, enforcement on the real GPU: two accounts `gr-holder` and `gr-intruder`
 #    (uids 20001, 20002) each start the same CUDA process on GPU 0; gr-holder has reserved GPU 0
 #    through the API, the host's policy is `terminate` with a 3 s grace, and the agent runs as a
-#    daemon at a 1 s interval. The intruder's process must be stopped and the holder's spared.
+#    daemon at a 1 s interval. The intruder's process must be stopped and the holder's spared;
+# 7. when run as root where `nvidia-cuda-mps-control` is installed, the same CUDA process twice
+#    as gr-intruder under the Multi-Process Service: the agent must list both MPS clients and the
+#    MPS server with gr-intruder as their owner (the control daemon starts the server under its
+#    clients' uid); saves `nvidia-smi-q-x-mps.xml` and `agent-print-mps.json`. The daemon is
+#    stopped again at the end.
 #
 # Exit status: 0 when the agent saw the CUDA process on a GPU, attributed the container's
 # process (if one was started) to the label's owner, the service lists the GPUs and (as root)
-# enforcement stopped the intruder's process alone.
+# enforcement stopped the intruder's process alone and the MPS processes were attributed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -233,9 +238,50 @@ else
     log "not root: enforcement on the real GPU not checked (it needs two accounts)"
 fi
 
-"$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" "$CONTAINER_ID" "$ENFORCE" <<'PY' | tee -a "$OUT_DIR/summary.txt"
+# -- 7. MPS: the clients and their server are the clients' user's ---------------------------------
+MPS=skipped
+MPSC=$(command -v nvidia-cuda-mps-control || true)
+if [ "$(id -u)" = 0 ] && [ -n "$MPSC" ] && [ -n "$(ps -C nvidia-cuda-mps-control -o pid= 2>/dev/null)" ]; then
+    log "MPS not checked: this host already runs an MPS control daemon, left alone"
+elif [ "$(id -u)" = 0 ] && [ -n "$MPSC" ]; then
+    [ -n "${JOB[gr-holder]:-}" ] && kill "${JOB[gr-holder]}" 2>/dev/null || true
+    export CUDA_MPS_PIPE_DIRECTORY="$WORK/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$WORK/mps-log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    chmod 1777 "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    "$MPSC" -d || log "MPS control daemon did not start"
+    CLIENTS=()
+    for i in 1 2; do
+        runuser -u gr-intruder -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 60 > "$OUT_DIR/cuda-mps-$i.log" 2>&1 &
+        PIDS+=($!)
+    done
+    for i in 1 2; do
+        for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-mps-$i.log" 2>/dev/null && break; sleep 0.5; done
+        CLIENTS+=("$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-mps-$i.log")")
+    done
+    sleep 1
+    nvidia-smi -q -x > "$OUT_DIR/nvidia-smi-q-x-mps.xml" 2>&1 || true
+    "$BIN/gpuroster-agent" --print --expect-gpus --config "$WORK/none.toml" > "$OUT_DIR/agent-print-mps.json" 2> "$OUT_DIR/agent-print-mps.log" || true
+    MPS=$("$BIN/python" - "$OUT_DIR/agent-print-mps.json" "${CLIENTS[@]}" <<'PY'
 import json, sys
-out, pid, user, container, enforce = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+procs = json.load(open(sys.argv[1]))["processes"]
+clients = {int(p) for p in sys.argv[2:] if p}
+listed = {p["pid"]: p for p in procs}
+servers = [p for p in procs if p["name"] == "nvidia-cuda-mps-server"]
+ok = len(clients) == 2 and clients <= set(listed) and len(servers) == 1 and all(
+    listed[pid]["unix_user"] == "gr-intruder" for pid in clients | {servers[0]["pid"]})
+print("pass" if ok else "fail")
+PY
+) || MPS=fail
+    for pid in "${CLIENTS[@]}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
+    echo quit | timeout 30 "$MPSC" || true
+    log "MPS: clients ${CLIENTS[*]} of gr-intruder; agent's attribution: $MPS"
+else
+    log "MPS not checked (needs root and nvidia-cuda-mps-control)"
+fi
+
+"$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" "$CONTAINER_ID" "$ENFORCE" "$MPS" <<'PY' | tee -a "$OUT_DIR/summary.txt"
+import json, sys
+out, pid, user, container, enforce, mps = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 snap = json.load(open(f"{out}/agent-print.json"))
 print(f"monitoring: {snap['monitoring']}; stale={snap['stale']} suspect={snap['suspect']} "
       f"driver={snap['driver_version']} nvml={snap['nvml_version']} cuda={snap['cuda_version']} binding={snap['binding_version']}")
@@ -261,9 +307,9 @@ if container:
     who = [(p["uid"], p["unix_user"], p.get("owner_source")) for p in boxed]
     print(f"container {container[:12]}: processes (uid, attributed to, by) {who}")
     ok = ok and bool(boxed) and all(p["unix_user"] == "checker" and p.get("owner_source") == "label" for p in boxed)
-ok = ok and enforce != "fail"
+ok = ok and enforce != "fail" and mps != "fail"
 print("RESULT:", "PASS" if ok else "FAIL", f"(CUDA pid {pid} seen: {bool(mine)}, attributed to {mine[0]['unix_user'] if mine else None}"
       + (f"; container processes attributed to {sorted({p['unix_user'] for p in boxed})}" if container else "")
-      + f"; enforcement: {enforce})")
+      + f"; enforcement: {enforce}; MPS: {mps})")
 sys.exit(0 if ok else 1)
 PY

@@ -1,12 +1,18 @@
 """The replay source reads a real capture as the agent reads NVML on the same GPU.
 
-``bench/gpu_check.sh`` ran on a lent NVIDIA H200 (driver 580.159.04) with one CUDA process
-holding GPU 0. It saved ``nvidia-smi -q -x`` (tests/data/corpus/gpuroster__h200-driver580-busy.xml)
-and, about a second later, the agent's own reading of NVML, ``gpuroster-agent --print``
-(tests/data/nvml/h200-driver580-busy.agent.json). What a capture and NVML both state
-about the device and its processes must come out of the replay source as the agent read it
-from NVML; readings that move by the second (temperature, power, memory in use) within a
-small margin.
+On a lent NVIDIA H200 (driver 580.159.04), ``nvidia-smi -q -x`` was saved and, about a
+second later, the agent's own reading of NVML (``gpuroster-agent --print``), twice:
+
+* ``busy``: ``bench/gpu_check.sh`` with one CUDA process holding GPU 0;
+* ``mps``: under the Multi-Process Service (``nvidia-cuda-mps-control -d``), two CUDA
+  processes of uid 20002 as MPS clients. nvidia-smi types them ``M+C``; NVML's compute list
+  names both clients and the MPS server, which the control daemon started under the
+  clients' uid, so each process is its user's own.
+
+Captures under tests/data/corpus/gpuroster__h200-driver580-*.xml, readings under
+tests/data/nvml/. What a capture and NVML both state about the device and its processes
+must come out of the replay source as the agent read it from NVML; readings that move by
+the second (temperature, power, memory in use) within a small margin.
 """
 
 from __future__ import annotations
@@ -19,8 +25,7 @@ import pytest
 from agent.replay import parse_capture
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-CAPTURE = DATA / "corpus" / "gpuroster__h200-driver580-busy.xml"
-READING = DATA / "nvml" / "h200-driver580-busy.agent.json"
+CASES = {"busy": 1, "mps": 3}  # name -> compute processes listed
 
 # fields both sources state that do not change between two reads a second apart
 STATIC = ("uuid", "index", "name", "pci_bus_id", "memory_total_mib", "power_limit_w", "persistence_mode",
@@ -30,19 +35,21 @@ MOVING = {"temperature_c": 2.0, "power_draw_w": 10.0, "memory_used_mib": 16.0, "
           "utilization_gpu": 5.0, "utilization_memory": 5.0}
 
 
-@pytest.fixture(scope="module")
-def both() -> tuple:
-    cap = parse_capture(CAPTURE.read_bytes(), CAPTURE.name)
-    return cap, json.loads(READING.read_text())
+@pytest.fixture(scope="module", params=sorted(CASES))
+def both(request) -> tuple:
+    capture = DATA / "corpus" / f"gpuroster__h200-driver580-{request.param}.xml"
+    reading = DATA / "nvml" / f"h200-driver580-{request.param}.agent.json"
+    cap = parse_capture(capture.read_bytes(), capture.name)
+    return cap, json.loads(reading.read_text()), CASES[request.param]
 
 
 def test_versions_agree(both):
-    cap, nvml = both
+    cap, nvml, _ = both
     assert (cap.driver_version, cap.cuda_version) == (nvml["driver_version"], nvml["cuda_version"]) == ("580.159.04", "13.0")
 
 
 def test_device_fields_agree(both):
-    cap, nvml = both
+    cap, nvml, _ = both
     assert [d.uuid for d in cap.devices] == [d["uuid"] for d in nvml["devices"]]
     for replayed, read in zip(cap.devices, nvml["devices"], strict=True):
         got = replayed.model_dump()
@@ -54,7 +61,7 @@ def test_device_fields_agree(both):
 
 def test_health_checks_agree_where_nvml_reports_them(both):
     """The agent sends only checks that are not ``ok``; the capture must not find more."""
-    cap, nvml = both
+    cap, nvml, _ = both
     for replayed, read in zip(cap.devices, nvml["devices"], strict=True):
         not_ok = {(c.kind, c.state) for c in replayed.health_checks if c.state != "ok"}
         sent = {(c["kind"], c["state"]) for c in read["health_checks"]}
@@ -64,10 +71,23 @@ def test_health_checks_agree_where_nvml_reports_them(both):
 
 
 def test_process_rows_agree(both):
-    cap, nvml = both
+    cap, nvml, listed = both
     replayed = sorted((p.device_uuid, p.pid, p.type, p.used_memory_mib) for p in cap.processes)
     read = sorted((p["device_uuid"], p["pid"], p["type"], p["used_memory_mib"]) for p in nvml["processes"])
-    assert replayed == read and len(read) == 1
-    # the capture names the interpreter; the agent the full command line it read from /proc
-    (proc,), (row,) = cap.processes, nvml["processes"]
-    assert row["command"].startswith(proc.command + " ")
+    assert replayed == read and len(read) == listed
+    # the capture names the executable; the agent the full command line it read from /proc
+    commands = {p["pid"]: p["command"] for p in nvml["processes"]}
+    for proc in cap.processes:
+        assert commands[proc.pid].startswith(proc.command + " ")
+
+
+def test_mps_clients_and_their_server_are_the_clients_user():
+    """Under MPS, killing or blaming by uid stays right: the server runs as its clients' user."""
+    nvml = json.loads((DATA / "nvml" / "h200-driver580-mps.agent.json").read_text())
+    rows = {p["name"]: p for p in nvml["processes"]}
+    assert {p["name"] for p in nvml["processes"]} == {"python3", "nvidia-cuda-mps-server"}
+    assert {(p["uid"], p["unix_user"], p["owner_status"]) for p in nvml["processes"]} == {(20002, "gr-intruder", "ok")}
+    assert rows["nvidia-cuda-mps-server"]["used_memory_mib"] < rows["python3"]["used_memory_mib"]
+    # the device's memory in use is the clients' plus the server's, as NVML counts it
+    device = nvml["devices"][0]
+    assert abs(device["memory_used_mib"] - sum(p["used_memory_mib"] for p in nvml["processes"])) <= 16
