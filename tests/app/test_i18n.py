@@ -124,6 +124,19 @@ def test_numbers_sizes_and_durations_per_language():
         assert fmt_duration(2 * 86400 + 3 * 3600) == "2天3小时"
 
 
+@pytest.mark.parametrize("locale", sorted(i18n.LANGUAGES))
+def test_format_number_is_babels_format_decimal(locale):
+    """The parsed locale and pattern are kept between calls; the text is babel's own."""
+    from babel.numbers import format_decimal
+
+    values = [0, -0.0, 1, -1, 0.5, 1.5, 2.5, 2.675, 99.95, 1e-9, 123456.789, -98765.4321, 10**12, 81559, 143771.0]
+    with i18n.use_locale(locale):
+        for digits in (0, 1, 2):
+            pattern = "#,##0" + ("." + "0" * digits if digits else "")
+            assert [i18n.format_number(v, digits) for v in values] == [
+                format_decimal(v, format=pattern, locale=locale) for v in values]
+
+
 def test_templates_translate_fill_in_and_escape():
     from app.web.render import templates
 
