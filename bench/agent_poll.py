@@ -44,6 +44,7 @@ from agent.nvml import NvmlSource  # noqa: E402
 from agent.containers import ContainerDirectory  # noqa: E402
 from agent.owners import OwnerResolver, _read_cgroup  # noqa: E402
 from testkit.docker_standin import DockerStandIn, inspect_body  # noqa: E402
+from bench.poll_timing import nvitop_poll, timed_polls  # noqa: E402
 from testkit.fake_nvml import busy_host, patched_pynvml  # noqa: E402
 
 N_GPUS, PROCS_PER_GPU = 8, 5
@@ -67,28 +68,11 @@ def fake_call_cost(fake) -> float:  # noqa: ANN001
 
 
 def measure(name: str, poll, n: int, fake, per_call: float, children: bool = False) -> dict:  # noqa: ANN001
-    """Run ``poll`` ``n`` times; CPU (process, plus children if asked) and wall per poll."""
-    poll()  # warm-up (imports, caches)
-    fake.calls.clear()
-    walls = []
-    t_cpu = time.process_time()
-    kids0 = os.times()
-    for _ in range(n):
-        w0 = time.perf_counter()
-        poll()
-        walls.append(time.perf_counter() - w0)
-    cpu = time.process_time() - t_cpu
-    if children:
-        kids1 = os.times()
-        cpu += (kids1.children_user - kids0.children_user) + (kids1.children_system - kids0.children_system)
+    """Run ``poll`` ``n`` times (``timed_polls``); adds the fake NVML calls per poll and their CPU."""
+    r = timed_polls(poll, n, children=children, after_warmup=fake.calls.clear)
     calls = sum(fake.calls.values()) / n
-    walls.sort()
-    cpu_ms = cpu / n * 1000
     nvml_ms = calls * per_call * 1000
-    return {
-        "name": name, "cpu_ms": cpu_ms, "calls": calls, "nvml_ms": nvml_ms, "own_ms": max(cpu_ms - nvml_ms, 0.0),
-        "p50_ms": walls[len(walls) // 2] * 1000, "p99_ms": walls[min(len(walls) - 1, int(len(walls) * 0.99))] * 1000,
-    }
+    return {**r, "name": name, "calls": calls, "nvml_ms": nvml_ms, "own_ms": max(r["cpu_ms"] - nvml_ms, 0.0)}
 
 
 def main() -> int:
@@ -141,18 +125,11 @@ def main() -> int:
 
         import gpustat.core
         import nvitop.api.libnvml as nvitop_nvml
-        from nvitop import Device, GpuProcess
 
         with patched_pynvml(fake, nvitop_nvml):
             q = gpustat.core.GPUStatCollection.new_query()
             assert len(q.gpus) == N_GPUS and sum(len(g.processes or []) for g in q.gpus) == N_GPUS * PROCS_PER_GPU
             results.append(measure("gpustat new_query", gpustat.core.GPUStatCollection.new_query, GPUSTAT_POLLS, fake, per_call))
-
-            def nvitop_poll() -> None:
-                devices = Device.all()
-                procs = [p for d in devices for p in d.processes().values()]
-                GpuProcess.take_snapshots(procs, failsafe=True)
-                [d.as_snapshot() for d in devices]
 
             results.append(measure("nvitop snapshot", nvitop_poll, BASELINE_POLLS, fake, per_call))
 

@@ -23,7 +23,7 @@ Run: ``.venv/bin/python bench/agent_poll_nvml.py [--polls 500]``.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -41,6 +41,7 @@ import pynvml  # noqa: E402
 from agent.collect import SnapshotBuilder  # noqa: E402
 from agent.nvml import NvmlSource  # noqa: E402
 from agent.owners import OwnerResolver  # noqa: E402
+from bench.poll_timing import nvitop_poll, timed_polls  # noqa: E402
 
 SMI_GPU = "index,uuid,name,pci.bus_id,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw,power.limit"
 SMI_APPS = "pid,gpu_uuid,used_memory,process_name"
@@ -70,22 +71,10 @@ class TimedNvml:
         return timed
 
 
-def measure(name: str, poll: Callable[[], object], n: int, *, children: bool = False) -> dict:
-    """Run ``poll`` ``n`` times after one warm-up: CPU ms per poll (children too if asked), wall p50/p99 ms."""
-    poll()
-    walls = []
-    cpu0, kids0 = time.process_time(), os.times()
-    for _ in range(n):
-        w0 = time.perf_counter()
-        poll()
-        walls.append(time.perf_counter() - w0)
-    cpu = time.process_time() - cpu0
-    if children:
-        kids1 = os.times()
-        cpu += (kids1.children_user - kids0.children_user) + (kids1.children_system - kids0.children_system)
-    walls.sort()
-    return {"name": name, "n": n, "cpu_ms": cpu / n * 1000, "p50_ms": walls[n // 2] * 1000,
-            "p99_ms": walls[min(n - 1, int(n * 0.99))] * 1000}
+def measure(name: str, poll: Callable[[], object], n: int, *, children: bool = False,
+            after_warmup: Callable[[], None] = lambda: None) -> dict:
+    """``timed_polls`` with the path's name."""
+    return {"name": name, **timed_polls(poll, n, children=children, after_warmup=after_warmup)}
 
 
 def main() -> int:
@@ -103,6 +92,9 @@ def main() -> int:
     seq = iter(range(10**9))
     now = datetime.now(UTC)
     first = builder.build(next(seq), now)
+    if first.monitoring.status != "ok" or len([d for d in first.devices if d.parent_uuid is None]) != gpus:
+        print(f"the agent's poll does not work here: {first.monitoring}, {len(first.devices)} device(s) of {gpus}")
+        return 1
 
     def agent_poll() -> None:
         builder.build(next(seq), now).model_dump_json()
@@ -115,9 +107,10 @@ def main() -> int:
     def timed_poll() -> None:
         timed_builder.build(next(seq), now).model_dump_json()
 
-    timed_poll()
-    timed.calls, timed.cpu = 0, 0.0
-    nvml = SimpleNamespace(**measure("agent, NVML timed", timed_poll, args.polls))
+    def reset() -> None:
+        timed.calls, timed.cpu = 0, 0.0
+
+    nvml = SimpleNamespace(**measure("agent, NVML timed", timed_poll, args.polls, after_warmup=reset))
     nvml.calls, nvml.nvml_ms = timed.calls / args.polls, timed.cpu / args.polls * 1000
 
     missing = []
@@ -127,31 +120,22 @@ def main() -> int:
         results.append(measure("gpustat new_query", gpustat.core.GPUStatCollection.new_query, max(10, args.polls // 10)))
     except ImportError:
         missing.append("gpustat")
-    try:
-        from nvitop import Device, GpuProcess
-
-        def nvitop_poll() -> None:
-            devices = Device.all()
-            procs = [p for d in devices for p in d.processes().values()]
-            GpuProcess.take_snapshots(procs, failsafe=True)
-            [d.as_snapshot() for d in devices]
-
+    if importlib.util.find_spec("nvitop") is not None:
         results.append(measure("nvitop snapshot", nvitop_poll, args.polls))
-    except ImportError:
+    else:
         missing.append("nvitop")
     smi = shutil.which("nvidia-smi")
     if smi:
         def smi_poll() -> None:
-            subprocess.run([smi, f"--query-gpu={SMI_GPU}", "--format=csv,noheader,nounits"], check=True, capture_output=True)
-            subprocess.run([smi, f"--query-compute-apps={SMI_APPS}", "--format=csv,noheader,nounits"], check=True,
-                           capture_output=True)
+            for query in (f"--query-gpu={SMI_GPU}", f"--query-compute-apps={SMI_APPS}"):
+                subprocess.run([smi, query, "--format=csv,noheader,nounits"], capture_output=True)
 
         results.append(measure("nvidia-smi (2 CSV)", smi_poll, max(10, args.polls // 10), children=True))
     else:
         missing.append("nvidia-smi")
 
     ours = results[0]
-    print(f"host: {gpus} GPU(s) {', '.join(names)}, driver {driver}, nvidia-ml-py {importlib.metadata.version('nvidia-ml-py')}; "
+    print(f"host: {gpus} GPU(s) {', '.join(names)}, driver {driver}, nvidia-ml-py {first.binding_version}; "
           f"{len(first.processes)} compute process(es) at start; python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"agent's NVML share: {nvml.calls:.0f} NVML calls per poll, {nvml.nvml_ms:.3f} ms CPU in them of "
           f"{nvml.cpu_ms:.3f} ms per timed poll ({nvml.nvml_ms / nvml.cpu_ms * 100:.0f}%)")

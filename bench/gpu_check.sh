@@ -18,19 +18,26 @@
 # 5. saves the agent's snapshot, the service's GET /api/v1/devices and a summary to OUT_DIR, and
 #    `nvidia-smi -q -x` taken beside the agent's reading (`nvidia-smi-q-x-busy.xml`: a capture the
 #    replay source can play back, to compare with what the agent read from NVML);
-# 6. when run as root, enforcement on the real GPU: two accounts `gr-holder` and `gr-intruder`
-#    (uids 20001, 20002) each start the same CUDA process on GPU 0; gr-holder has reserved GPU 0
-#    through the API, the host's policy is `terminate` with a 3 s grace, and the agent runs as a
-#    daemon at a 1 s interval. The intruder's process must be stopped and the holder's spared;
-# 7. when run as root where `nvidia-cuda-mps-control` is installed, the same CUDA process twice
-#    as gr-intruder under the Multi-Process Service: the agent must list both MPS clients and the
-#    MPS server with gr-intruder as their owner (the control daemon starts the server under its
-#    clients' uid); saves `nvidia-smi-q-x-mps.xml` and `agent-print-mps.json`. The daemon is
-#    stopped again at the end.
+# 6. only with GPU_CHECK_EXCLUSIVE=1, as root, and while the GPUs run no compute process but this
+#    script's own: enforcement on the real GPU. Two throw-away accounts `gr-holder` and
+#    `gr-intruder` (the first free uids from 20001) each start the same CUDA process on GPU 0;
+#    gr-holder has reserved GPU 0 through the API, the host's policy is `terminate` with a 3 s
+#    grace, and the agent runs as a daemon at a 1 s interval (not a dry run). The agent must
+#    signal the intruder's process, which must be gone, and leave the holder's running;
+# 7. under the same conditions, where `nvidia-cuda-mps-control` is installed and no MPS control
+#    daemon runs yet: the same CUDA process twice as gr-intruder under the Multi-Process Service.
+#    The agent must list both MPS clients and the MPS server with gr-intruder as their owner (the
+#    control daemon starts the server under its clients' uid); saves `nvidia-smi-q-x-mps.xml` and
+#    `agent-print-mps.json`. The daemon is stopped again, also when the script is interrupted.
+#
+# Steps 6 and 7 act on the whole host: the agent of step 6 signals every unreserved GPU job of
+# any account (the throw-away service knows only this script's reservation), and an MPS control
+# daemon draws every new CUDA process of the host into MPS. Hence GPU_CHECK_EXCLUSIVE=1: run them
+# only on a machine nobody else uses. Accounts this script creates are deleted at its end.
 #
 # Exit status: 0 when the agent saw the CUDA process on a GPU, attributed the container's
-# process (if one was started) to the label's owner, the service lists the GPUs and (as root)
-# enforcement stopped the intruder's process alone and the MPS processes were attributed.
+# process (if one was started) to the label's owner, the service lists the GPUs and, where they
+# ran, enforcement stopped the intruder's process alone and the MPS processes were attributed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,12 +52,21 @@ PIDS=()
 RUNTIME=""
 CONTAINER_ID=""
 
+CREATED_USERS=()   # accounts this run created, deleted at the end
+MPSC=""            # the MPS control program, set when this run started its daemon
+
 cleanup() {
     if [ -n "$CONTAINER_ID" ]; then "$RUNTIME" rm -f "$CONTAINER_ID" >/dev/null 2>&1 || true; fi
     for pid in "${PIDS[@]:-}"; do
-        [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+        if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi
     done
     wait 2>/dev/null || true
+    if [ -n "$MPSC" ]; then  # before $WORK goes: the daemon's pipe directory is in it
+        echo quit | CUDA_MPS_PIPE_DIRECTORY="$WORK/mps-pipe" timeout 20 "$MPSC" >/dev/null 2>&1 || true
+    fi
+    for name in "${CREATED_USERS[@]:-}"; do
+        if [ -n "$name" ]; then userdel "$name" >/dev/null 2>&1 || true; fi
+    done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -68,7 +84,7 @@ headers = {"Authorization": f"Bearer {token}"} if token else {}
 if body is not None:
     headers["Content-Type"] = "application/json"
 try:
-    r = httpx.request(method, url + path, headers=headers, content=body, timeout=30)
+    r = httpx.request(method, url + path, headers=headers, content=body, timeout=30, trust_env=False)
 except httpx.HTTPError as exc:
     sys.exit(f"{method} {path}: {exc}")
 sys.stdout.write(r.text)
@@ -129,8 +145,11 @@ chmod 644 "$WORK/cuda_hold.py"
 PYTHON_FOR_CUDA=${PYTHON_FOR_CUDA:-$(command -v python3 || echo "$BIN/python")}  # any python3 the CUDA users may run
 if [ "$(id -u)" = 0 ]; then
     CUDA_USER=gpuroster-check
-    id "$CUDA_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$CUDA_USER" 2>/dev/null \
-        || useradd -r -M -s /bin/false "$CUDA_USER"
+    if ! id "$CUDA_USER" >/dev/null 2>&1; then
+        useradd --system --no-create-home --shell /usr/sbin/nologin "$CUDA_USER" 2>/dev/null \
+            || useradd -r -M -s /bin/false "$CUDA_USER"
+        CREATED_USERS+=("$CUDA_USER")
+    fi
     # a system account has uid < 1000: the service will call it exempt; that is still an
     # unreserved process the agent must see and attribute.
     runuser -u "$CUDA_USER" -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 120 > "$OUT_DIR/cuda.log" 2>&1 &
@@ -201,67 +220,106 @@ api GET /api/v1/devices "$ADMIN_TOKEN" > "$OUT_DIR/devices.json" || true
 api GET /metrics > "$OUT_DIR/metrics.txt" 2>/dev/null || true
 
 # -- 6. enforcement on the real GPU: the holder's job is spared, the intruder's is stopped ----
-ENFORCE=skipped
-if [ "$(id -u)" = 0 ]; then
-    for who in gr-holder:20001 gr-intruder:20002; do
-        name=${who%%:*} uid=${who##*:}
-        id "$name" >/dev/null 2>&1 || useradd -M -u "$uid" -s /bin/false "$name"
-        # the service knows them by the same name; the uid is given too, as for directory users
-        "$BIN/gpuroster" admin create-user "$name" --no-password --unix-uid "$uid" >/dev/null
-    done
-    HOLDER_TOKEN=$("$BIN/gpuroster" admin create-token gr-holder --name gpu-check | tail -1)
-    api POST /api/v1/reservations "$HOLDER_TOKEN" "{\"host\": \"$HOST\", \"devices\": [0], \"start\": \"now\", \"duration\": \"PT30M\"}" \
-        > "$OUT_DIR/enforce-reservation.json" || true
-    api PATCH "/api/v1/hosts/$HOST" "$ADMIN_TOKEN" '{"policy": "terminate", "grace_seconds": 3}' > "$OUT_DIR/enforce-policy.json" || true
-    declare -A JOB
-    for name in gr-holder gr-intruder; do
-        runuser -u "$name" -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 90 > "$OUT_DIR/cuda-$name.log" 2>&1 &
-        PIDS+=($!)
-        for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-$name.log" 2>/dev/null && break; sleep 0.5; done
-        JOB[$name]=$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-$name.log")
-    done
-    log "enforcement: holder pid ${JOB[gr-holder]:-none}, intruder pid ${JOB[gr-intruder]:-none}; reservation $(head -c 200 "$OUT_DIR/enforce-reservation.json")"
-    timeout -s TERM 20 "$BIN/gpuroster-agent" --expect-gpus --config "$WORK/none.toml" --server "$URL" \
-        --token-file "$WORK/host.token" --host "$HOST" --state-dir "$WORK/agent-state" --interval 1 \
-        > "$OUT_DIR/agent-enforce.log" 2>&1 || true
-    api GET /api/v1/findings "$ADMIN_TOKEN" > "$OUT_DIR/enforce-findings.json" || true
-    holder_alive=no intruder_alive=no
-    [ -n "${JOB[gr-holder]:-}" ] && kill -0 "${JOB[gr-holder]}" 2>/dev/null && holder_alive=yes
-    [ -n "${JOB[gr-intruder]:-}" ] && kill -0 "${JOB[gr-intruder]}" 2>/dev/null && intruder_alive=yes
-    if [ -n "${JOB[gr-holder]:-}" ] && [ -n "${JOB[gr-intruder]:-}" ] && [ $holder_alive = yes ] && [ $intruder_alive = no ]; then
-        ENFORCE=pass
-    else
-        ENFORCE=fail
-    fi
-    log "enforcement: holder alive=$holder_alive, intruder alive=$intruder_alive after 20 s of the agent: $ENFORCE"
+ENFORCE=skipped MPS=skipped
+declare -A JOB UID_OF
+# compute processes on the GPUs that this script did not start (nvidia-smi's pids)
+others=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ' \
+    | grep -v -x -e "$REAL_CUDA_PID" | grep -v -x -e '' || true)
+if [ "${GPU_CHECK_EXCLUSIVE:-0}" != 1 ]; then
+    log "enforcement and MPS not checked: they act on the whole host; set GPU_CHECK_EXCLUSIVE=1 on a machine nobody else uses"
+elif [ "$(id -u)" != 0 ]; then
+    log "enforcement and MPS not checked: they need root (throw-away accounts, signals)"
+elif [ -n "$CONTAINER_ID" ] || [ -n "$others" ]; then
+    log "enforcement and MPS not checked: the GPUs run other compute processes ($(echo $others | tr '\n' ' ')${CONTAINER_ID:+ and the container of step 3})"
 else
-    log "not root: enforcement on the real GPU not checked (it needs two accounts)"
-fi
+    ENFORCE=fail
+    accounts=ok uid=20001
+    for name in gr-holder gr-intruder; do
+        if ! id "$name" >/dev/null 2>&1; then
+            while getent passwd "$uid" >/dev/null; do uid=$((uid + 1)); done
+            if ! useradd -M -u "$uid" -s /bin/false "$name"; then
+                log "useradd $name (uid $uid) failed"
+                accounts=failed
+                break
+            fi
+            CREATED_USERS+=("$name")
+        fi
+        UID_OF[$name]=$(id -u "$name")
+        uid=$(( ${UID_OF[$name]} + 1 ))
+        # the service knows them by the same name; the uid is given too, as for directory users
+        "$BIN/gpuroster" admin create-user "$name" --no-password --unix-uid "${UID_OF[$name]}" >/dev/null
+    done
+    if [ $accounts = ok ] && ! runuser -u gr-intruder -- "$PYTHON_FOR_CUDA" -c pass 2>/dev/null; then
+        log "the throw-away accounts cannot run $PYTHON_FOR_CUDA: set PYTHON_FOR_CUDA to a python3 they may run"
+        accounts=failed
+    fi
+    [ $accounts = ok ] && HOLDER_TOKEN=$("$BIN/gpuroster" admin create-token gr-holder --name gpu-check | tail -1)
+    if [ $accounts = ok ] && API_FAIL=1 api POST /api/v1/reservations "$HOLDER_TOKEN" \
+            "{\"host\": \"$HOST\", \"devices\": [0], \"start\": \"now\", \"duration\": \"PT30M\"}" > "$OUT_DIR/enforce-reservation.json" \
+        && API_FAIL=1 api PATCH "/api/v1/hosts/$HOST" "$ADMIN_TOKEN" '{"policy": "terminate", "grace_seconds": 3}' \
+            > "$OUT_DIR/enforce-policy.json"; then
+        for name in gr-holder gr-intruder; do
+            runuser -u "$name" -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 90 > "$OUT_DIR/cuda-$name.log" 2>&1 &
+            PIDS+=($!)
+            for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-$name.log" 2>/dev/null && break; sleep 0.5; done
+            JOB[$name]=$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-$name.log")
+        done
+        log "enforcement: holder pid ${JOB[gr-holder]:-none}, intruder pid ${JOB[gr-intruder]:-none} (uids ${UID_OF[gr-holder]}, ${UID_OF[gr-intruder]})"
+        timeout -s TERM 20 "$BIN/gpuroster-agent" --expect-gpus --config "$WORK/none.toml" --server "$URL" \
+            --token-file "$WORK/host.token" --host "$HOST" --state-dir "$WORK/agent-state" --interval 1 \
+            > "$OUT_DIR/agent-enforce.log" 2>&1 || true
+        api GET /api/v1/findings "$ADMIN_TOKEN" > "$OUT_DIR/enforce-findings.json" || true
+        holder_alive=no intruder_alive=no
+        if [ -n "${JOB[gr-holder]}" ] && kill -0 "${JOB[gr-holder]}" 2>/dev/null; then holder_alive=yes; fi
+        if [ -n "${JOB[gr-intruder]}" ] && kill -0 "${JOB[gr-intruder]}" 2>/dev/null; then intruder_alive=yes; fi
+        # gone is not enough: the agent must have signalled it, and judged nobody else
+        judged=$("$BIN/python" - "$OUT_DIR/enforce-findings.json" "${JOB[gr-intruder]:-0}" <<'PY' || echo "unreadable"
+import json, sys
+items = json.load(open(sys.argv[1]))["items"]
+mine = [f for f in items if f["pid"] == int(sys.argv[2])]
+print("intruder terminated, no other finding" if len(mine) == 1 == len(items) and mine[0]["state"] == "terminated"
+      and mine[0]["unix_user"] == "gr-intruder" else f"findings: {[(f['pid'], f['unix_user'], f['state']) for f in items]}")
+PY
+)
+        if [ -n "${JOB[gr-holder]}" ] && [ -n "${JOB[gr-intruder]}" ] && [ $holder_alive = yes ] && [ $intruder_alive = no ] \
+            && [ "$judged" = "intruder terminated, no other finding" ]; then
+            ENFORCE=pass
+        fi
+        log "enforcement: holder alive=$holder_alive, intruder alive=$intruder_alive after 20 s of the agent; $judged: $ENFORCE"
+        if [ -n "${JOB[gr-holder]}" ]; then kill "${JOB[gr-holder]}" 2>/dev/null || true; fi
+    elif [ $accounts = ok ]; then
+        log "enforcement: the reservation or the policy was refused: $(head -c 300 "$OUT_DIR/enforce-reservation.json" "$OUT_DIR/enforce-policy.json" 2>/dev/null)"
+    fi
 
-# -- 7. MPS: the clients and their server are the clients' user's ---------------------------------
-MPS=skipped
-MPSC=$(command -v nvidia-cuda-mps-control || true)
-if [ "$(id -u)" = 0 ] && [ -n "$MPSC" ] && [ -n "$(ps -C nvidia-cuda-mps-control -o pid= 2>/dev/null)" ]; then
-    log "MPS not checked: this host already runs an MPS control daemon, left alone"
-elif [ "$(id -u)" = 0 ] && [ -n "$MPSC" ]; then
-    [ -n "${JOB[gr-holder]:-}" ] && kill "${JOB[gr-holder]}" 2>/dev/null || true
-    export CUDA_MPS_PIPE_DIRECTORY="$WORK/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$WORK/mps-log"
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    chmod 1777 "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    "$MPSC" -d || log "MPS control daemon did not start"
-    CLIENTS=()
-    for i in 1 2; do
-        runuser -u gr-intruder -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 60 > "$OUT_DIR/cuda-mps-$i.log" 2>&1 &
-        PIDS+=($!)
-    done
-    for i in 1 2; do
-        for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-mps-$i.log" 2>/dev/null && break; sleep 0.5; done
-        CLIENTS+=("$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-mps-$i.log")")
-    done
-    sleep 1
-    nvidia-smi -q -x > "$OUT_DIR/nvidia-smi-q-x-mps.xml" 2>&1 || true
-    "$BIN/gpuroster-agent" --print --expect-gpus --config "$WORK/none.toml" > "$OUT_DIR/agent-print-mps.json" 2> "$OUT_DIR/agent-print-mps.log" || true
-    MPS=$("$BIN/python" - "$OUT_DIR/agent-print-mps.json" "${CLIENTS[@]}" <<'PY'
+    # -- 7. MPS: the clients and their server are the clients' user's ---------------------------
+    mps_control=$(command -v nvidia-cuda-mps-control || true)
+    if [ $accounts != ok ]; then
+        log "MPS not checked: no throw-away account"
+    elif [ -z "$mps_control" ]; then
+        log "MPS not checked: nvidia-cuda-mps-control is not installed"
+    elif pgrep -f nvidia-cuda-mps-control >/dev/null 2>&1; then
+        log "MPS not checked: this host already runs an MPS control daemon, left alone"
+    else
+        MPS=fail
+        export CUDA_MPS_PIPE_DIRECTORY="$WORK/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$WORK/mps-log"
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        chmod 1777 "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if "$mps_control" -d; then
+            MPSC=$mps_control  # cleanup stops it from here on
+            CLIENTS=()
+            for i in 1 2; do
+                runuser -u gr-intruder -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 60 > "$OUT_DIR/cuda-mps-$i.log" 2>&1 &
+                PIDS+=($!)
+            done
+            for i in 1 2; do
+                for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-mps-$i.log" 2>/dev/null && break; sleep 0.5; done
+                CLIENTS+=("$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-mps-$i.log")")
+            done
+            sleep 1
+            nvidia-smi -q -x > "$OUT_DIR/nvidia-smi-q-x-mps.xml" 2>&1 || true
+            "$BIN/gpuroster-agent" --print --expect-gpus --config "$WORK/none.toml" > "$OUT_DIR/agent-print-mps.json" \
+                2> "$OUT_DIR/agent-print-mps.log" || true
+            MPS=$("$BIN/python" - "$OUT_DIR/agent-print-mps.json" "${CLIENTS[@]}" <<'PY'
 import json, sys
 procs = json.load(open(sys.argv[1]))["processes"]
 clients = {int(p) for p in sys.argv[2:] if p}
@@ -272,11 +330,16 @@ ok = len(clients) == 2 and clients <= set(listed) and len(servers) == 1 and all(
 print("pass" if ok else "fail")
 PY
 ) || MPS=fail
-    for pid in "${CLIENTS[@]}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
-    echo quit | timeout 30 "$MPSC" || true
-    log "MPS: clients ${CLIENTS[*]} of gr-intruder; agent's attribution: $MPS"
-else
-    log "MPS not checked (needs root and nvidia-cuda-mps-control)"
+            for pid in "${CLIENTS[@]}"; do
+                if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi
+            done
+            echo quit | timeout 30 "$MPSC" || true
+            MPSC=""
+            log "MPS: clients ${CLIENTS[*]} of gr-intruder; agent's attribution: $MPS"
+        else
+            log "MPS: the control daemon did not start"
+        fi
+    fi
 fi
 
 "$BIN/python" - "$OUT_DIR" "$REAL_CUDA_PID" "$CUDA_USER" "$CONTAINER_ID" "$ENFORCE" "$MPS" <<'PY' | tee -a "$OUT_DIR/summary.txt"

@@ -1,13 +1,14 @@
 """The replay source reads a real capture as the agent reads NVML on the same GPU.
 
-On a lent NVIDIA H200 (driver 580.159.04), ``nvidia-smi -q -x`` was saved and, about a
-second later, the agent's own reading of NVML (``gpuroster-agent --print``), twice:
+``bench/gpu_check.sh`` ran on a rented machine with one NVIDIA H200 (driver 580.159.04) and
+saved ``nvidia-smi -q -x`` and, about a second later, the agent's own reading of NVML
+(``gpuroster-agent --print``), twice:
 
-* ``busy``: ``bench/gpu_check.sh`` with one CUDA process holding GPU 0;
-* ``mps``: under the Multi-Process Service (``nvidia-cuda-mps-control -d``), two CUDA
-  processes of uid 20002 as MPS clients. nvidia-smi types them ``M+C``; NVML's compute list
-  names both clients and the MPS server, which the control daemon started under the
-  clients' uid, so each process is its user's own.
+* ``busy`` (step 5): one CUDA process of a system account (uid 999) holding GPU 0;
+* ``mps`` (step 7): that process, and under the Multi-Process Service two CUDA processes of
+  ``gr-intruder`` (uid 20002) as MPS clients. nvidia-smi types the clients ``M+C``; NVML's
+  compute list names both clients and the MPS server, which the control daemon started
+  under the clients' uid.
 
 Captures under tests/data/corpus/gpuroster__h200-driver580-*.xml, readings under
 tests/data/nvml/. What a capture and NVML both state about the device and its processes
@@ -18,14 +19,17 @@ the second (temperature, power, memory in use) within a small margin.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from agent.policy import judge
 from agent.replay import parse_capture
+from agent.schema import DeviceReport, HostPolicy, ProcessReport, ReservationEntry
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-CASES = {"busy": 1, "mps": 3}  # name -> compute processes listed
+CASES = {"busy": 1, "mps": 4}  # name -> compute processes listed
 
 # fields both sources state that do not change between two reads a second apart
 STATIC = ("uuid", "index", "name", "pci_bus_id", "memory_total_mib", "power_limit_w", "persistence_mode",
@@ -78,16 +82,34 @@ def test_process_rows_agree(both):
     # the capture names the executable; the agent the full command line it read from /proc
     commands = {p["pid"]: p["command"] for p in nvml["processes"]}
     for proc in cap.processes:
-        assert commands[proc.pid].startswith(proc.command + " ")
+        full = commands[proc.pid]
+        assert full == proc.command or full.startswith(proc.command + " ") or full.split()[0].endswith("/" + proc.command)
 
 
-def test_mps_clients_and_their_server_are_the_clients_user():
-    """Under MPS, killing or blaming by uid stays right: the server runs as its clients' user."""
+def _mps_reading() -> tuple[list[ProcessReport], list[DeviceReport], datetime]:
     nvml = json.loads((DATA / "nvml" / "h200-driver580-mps.agent.json").read_text())
-    rows = {p["name"]: p for p in nvml["processes"]}
-    assert {p["name"] for p in nvml["processes"]} == {"python3", "nvidia-cuda-mps-server"}
-    assert {(p["uid"], p["unix_user"], p["owner_status"]) for p in nvml["processes"]} == {(20002, "gr-intruder", "ok")}
-    assert rows["nvidia-cuda-mps-server"]["used_memory_mib"] < rows["python3"]["used_memory_mib"]
-    # the device's memory in use is the clients' plus the server's, as NVML counts it
-    device = nvml["devices"][0]
-    assert abs(device["memory_used_mib"] - sum(p["used_memory_mib"] for p in nvml["processes"])) <= 16
+    return ([ProcessReport.model_validate(p) for p in nvml["processes"]],
+            [DeviceReport.model_validate(d) for d in nvml["devices"]], datetime.fromisoformat(nvml["collected_at"]))
+
+
+def _reservation(unix_name: str, uid: int, gpu: str, now: datetime) -> ReservationEntry:
+    return ReservationEntry(id=1, user=unix_name, unix_name=unix_name, unix_uid=uid, device_uuids=[gpu],
+                            start=now - timedelta(hours=1), end=now + timedelta(hours=1))
+
+
+def test_mps_clients_and_their_server_are_judged_as_the_clients_user():
+    """Under MPS the server runs as its clients' user: held by that user, nothing is a
+    finding; held by someone else, the clients and the server are, and only they."""
+    processes, devices, now = _mps_reading()
+    gpu = devices[0].uuid
+    mps = {p.pid for p in processes if p.uid == 20002}
+    assert len(mps) == 3 and {p.name for p in processes if p.pid in mps} == {"python3", "nvidia-cuda-mps-server"}
+    policy = HostPolicy(policy="terminate")
+    own = judge(processes, [_reservation("gr-intruder", 20002, gpu, now)], policy, now=now, devices=devices,
+                include_idle=False)
+    assert own == []
+    other = judge(processes, [_reservation("gr-holder", 20001, gpu, now)], policy, now=now, devices=devices,
+                  include_idle=False)
+    assert {(j.pid, j.kind, j.unix_user) for j in other} == {(pid, "foreign", "gr-intruder") for pid in mps}
+    # the process of uid 999 (a system account, below min_uid) is judged by nobody
+    assert all(j.pid in mps for j in other)
