@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, date, datetime, tzinfo
 from functools import lru_cache
+from math import copysign
 from pathlib import Path
 from typing import Any
 
@@ -273,8 +274,17 @@ def _number_pattern(digits: int) -> Any:
 
 def format_number(value: float, digits: int = 0) -> str:
     """``value`` with ``digits`` decimals and the current locale's separators (``1,234.5``):
-    ``babel.numbers.format_decimal`` with that pattern, its parsing done once."""
-    return _number_pattern(digits).apply(value, babel_locale(current_locale()))
+    ``babel.numbers.format_decimal`` with that pattern, its parsing done once.
+
+    A page shows the same few values again and again (memory sizes of one GPU model, power
+    limits, temperatures, utilization), so the texts are kept per value, digits and locale;
+    the sign of a zero is part of the key, since babel writes ``-0``."""
+    return _formatted(value, digits, current_locale(), copysign(1.0, value) < 0)
+
+
+@lru_cache(maxsize=8192)
+def _formatted(value: float, digits: int, locale: str, negative: bool) -> str:
+    return _number_pattern(digits).apply(value, babel_locale(locale))
 
 
 def format_mib(value: float) -> str:
