@@ -72,6 +72,16 @@ def serve(
     import uvicorn
 
     settings = get_settings()
+    if "base_url" not in settings.model_fields_set:
+        # links in notices and feeds: where this server listens, unless the admin said otherwise;
+        # the environment carries it to uvicorn's worker processes
+        os.environ["GPUROSTER_BASE_URL"] = listen_url(host, port)
+        from app.config import get_settings as load
+
+        load.cache_clear()
+        settings = get_settings()
+        typer.echo(f"links in notices point to {settings.base_url} (set GPUROSTER_BASE_URL to the public address)",
+                   err=True)
     note = sqlite_workers_note(settings.sqlalchemy_url, workers)
     if note:
         typer.echo(note, err=True)
@@ -84,6 +94,19 @@ def serve(
         # the app believes X-Forwarded-* only from GPUROSTER_TRUSTED_PROXIES (app.main), never uvicorn's default
         proxy_headers=False, timeout_keep_alive=65,
     )
+
+
+def listen_url(host: str, port: int) -> str:
+    """The URL people reach ``serve --host HOST --port PORT`` at (``http://gpu-node-7.lab:8000``):
+    a wildcard address (``0.0.0.0``, ``::``) stands for this machine's name, an IPv6 address
+    goes in brackets."""
+    if host in ("", "0.0.0.0", "::"):
+        import socket
+
+        host = socket.getfqdn() or socket.gethostname()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
 
 
 def sqlite_workers_note(url: str, workers: int) -> str | None:
