@@ -20,7 +20,9 @@ TTLs, spool age) sees minutes, not hours; the poll count is what is stretched.
 With ``--real-nvml`` (a machine with NVIDIA GPUs) nothing is faked: the agent reads the real
 NVML, so its RSS includes the driver's ``libnvidia-ml.so`` and what NVML allocates, over
 whatever compute processes the host runs; no processes are started or replaced, and the ack's
-reservation names GPU 0's real UUID.
+reservation names GPU 0's real UUID. As the baseline of the same run, it then measures a fresh
+interpreter bare, with ``pynvml`` imported and after ``nvmlInit``: what any NVML-based monitor
+holds before doing anything.
 Asserts nothing. Run: ``.venv/bin/python bench/agent_memory.py [--polls 20000] [--real-nvml]``.
 """
 
@@ -238,8 +240,38 @@ def main() -> int:
               + " (file-backed pages are shared code and data of libraries, mostly)")
         for kib, name in top:
             print(f"    {kib / 1024:6.1f} MiB  {name}")
+    if args.real_nvml:
+        floor = nvml_floor()
+        if isinstance(floor, str):
+            print(f"  NVML floor not measured: {floor}")
+        else:
+            print(f"  NVML floor, same run: a bare Python holds {floor[0] / 1024:.1f} MiB, with pynvml imported "
+                  f"{floor[1] / 1024:.1f} MiB, after nvmlInit {floor[2] / 1024:.1f} MiB; the agent holds "
+                  f"{last - floor[2] / 1024:.1f} MiB more than the last ({last / (floor[2] / 1024):.2f}x)")
     print(f"elapsed {time.perf_counter() - started:.0f} s")
     return 0
+
+
+FLOOR = r"""
+import sys
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+bare = rss()
+import pynvml
+imported = rss()
+pynvml.nvmlInit()
+print(bare, imported, rss())
+"""
+
+
+def nvml_floor() -> tuple[int, int, int] | str:
+    """RSS in KiB of a fresh interpreter (this one's executable): bare, with ``pynvml``
+    imported, after ``nvmlInit`` (which maps the driver's libraries); or why it failed."""
+    r = subprocess.run([sys.executable, "-c", FLOOR], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        return (r.stderr.strip().splitlines() or ["no output"])[-1]
+    bare, imported, initialised = (int(x) for x in r.stdout.split())
+    return bare, imported, initialised
 
 
 def _real_gpu0_uuid() -> str:
