@@ -74,14 +74,13 @@ def serve(
     settings = get_settings()
     if "base_url" not in settings.model_fields_set:
         # links in notices and feeds: where this server listens, unless the admin said otherwise;
-        # the environment carries it to uvicorn's worker processes
-        os.environ["GPUROSTER_BASE_URL"] = listen_url(host, port)
+        # the environment carries it to uvicorn's worker processes, and the app built in this
+        # process reads its settings afresh
+        url = os.environ["GPUROSTER_BASE_URL"] = listen_url(host, port)
         from app.config import get_settings as load
 
         load.cache_clear()
-        settings = get_settings()
-        typer.echo(f"links in notices point to {settings.base_url} (set GPUROSTER_BASE_URL to the public address)",
-                   err=True)
+        typer.echo(f"links in notices point to {url} (set GPUROSTER_BASE_URL to the public address)", err=True)
     note = sqlite_workers_note(settings.sqlalchemy_url, workers)
     if note:
         typer.echo(note, err=True)
