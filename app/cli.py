@@ -97,12 +97,14 @@ def serve(
 
 def listen_url(host: str, port: int) -> str:
     """The URL people reach ``serve --host HOST --port PORT`` at (``http://gpu-node-7.lab:8000``):
-    a wildcard address (``0.0.0.0``, ``::``) stands for this machine's name, an IPv6 address
-    goes in brackets."""
+    a wildcard address (``0.0.0.0``, ``::``) stands for this machine's name (its fully qualified
+    name, else its host name), an IPv6 address goes in brackets."""
     if host in ("", "0.0.0.0", "::"):
         import socket
 
-        host = socket.getfqdn() or socket.gethostname()
+        # getfqdn() answers "localhost" where /etc/hosts lists the machine's name on 127.0.0.1
+        fqdn = socket.getfqdn()
+        host = socket.gethostname() if fqdn in ("", "localhost") or fqdn.startswith("localhost.") else fqdn
     elif ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}"

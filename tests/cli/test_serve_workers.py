@@ -94,3 +94,14 @@ def test_listen_url_names_this_machine_for_a_wildcard_address(monkeypatch):
 
     monkeypatch.setattr(socket, "getfqdn", lambda: "node-7.lab.example")
     assert listen_url("0.0.0.0", 8080) == listen_url("::", 8080) == "http://node-7.lab.example:8080"
+
+
+def test_listen_url_never_names_localhost_for_a_wildcard_address(monkeypatch):
+    """Where /etc/hosts puts the machine's name on 127.0.0.1, getfqdn() says "localhost"."""
+    import socket
+
+    from app.cli import listen_url
+
+    monkeypatch.setattr(socket, "getfqdn", lambda: "localhost")
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-7")
+    assert listen_url("0.0.0.0", 8080) == "http://node-7:8080"
