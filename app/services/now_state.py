@@ -119,6 +119,7 @@ class NowCache:
         self._lock = threading.Lock()
         self._lab_key: tuple | None = None
         self._hosts: dict[int, tuple[tuple, list[DeviceNow]]] = {}
+        self._drawn: dict[int, dict] = {}
         self.hits = 0
         self.misses = 0
 
@@ -126,7 +127,7 @@ class NowCache:
         """The devices of ``hosts``, read again only for hosts whose version moved."""
         with self._lock:
             if lab_key != self._lab_key:
-                self._hosts, self._lab_key = {}, lab_key
+                self._hosts, self._drawn, self._lab_key = {}, {}, lab_key
             cached = {h.id: self._hosts.get(h.id) for h in hosts}
         out = {h.id: got[1] for h in hosts if (got := cached[h.id]) is not None and got[0] == h.version}
         stale = [h for h in hosts if h.id not in out]
@@ -147,6 +148,15 @@ class NowCache:
         with self._lock:
             for hid in [h for h in self._hosts if h not in keep]:
                 del self._hosts[hid]
+            for hid in [h for h in self._drawn if h not in keep]:
+                del self._drawn[hid]
+
+    def drawn(self, host_id: int) -> dict:
+        """What pages drew of host ``host_id`` (their key -> HTML), kept while the host is
+        listed and the lab's look (``lab_key``) stays the same; the pages' keys say what else
+        the drawing depends on."""
+        with self._lock:
+            return self._drawn.setdefault(host_id, {})
 
 
 def lab_key(session: Session) -> tuple:

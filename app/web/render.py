@@ -12,7 +12,7 @@ Babel for that language.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,23 @@ def short_id(value: str | None, n: int = 12) -> str:
 
 def _context(request: Request) -> dict[str, Any]:
     return {"settings": request.app.state.settings, "languages": i18n.LANGUAGES}
+
+
+def splice(response: Response, marker: str, chunks: Iterable[bytes]) -> Response:
+    """``response`` (a rendered page) with the first ``marker`` in its body replaced by
+    ``chunks`` (UTF-8), its other headers kept and its length counted again. For a page whose
+    bulk is drawn and cached in pieces: they reach the body in one copy, where passing them
+    through the template as one string costs each time it is escaped, joined and encoded
+    (about 20 ms per pass over 18 MB on a 2-core machine). Raises ``ValueError`` when the
+    body has no ``marker``."""
+    before, found, after = bytes(response.body).partition(marker.encode())
+    if not found:
+        raise ValueError(f"{marker!r} is not in the page")
+    body = b"".join([before, *chunks, after])
+    spliced = Response(body, status_code=response.status_code)
+    spliced.raw_headers = [(k, v) for k, v in response.raw_headers if k != b"content-length"]
+    spliced.raw_headers.append((b"content-length", str(len(body)).encode()))
+    return spliced
 
 
 def page_locale(request: Request, context: Mapping[str, Any]) -> str:

@@ -4,6 +4,8 @@ snapshots read no device of a host again."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from app.services.now_state import NowCache
@@ -76,3 +78,57 @@ def test_clearing_a_quarantine_shows_on_the_next_view_without_a_snapshot(client,
     block = _device_block(weblab.alice.get("/", headers=HX).text, uuid)
     assert "data-quarantined" not in block and "not bookable" not in block and "XID 48 error" not in block
     assert ">free<" in block
+
+
+def _host_head(html: str) -> str:
+    """The head of host ``node-01``'s card on the Now page."""
+    return html.split('<header class="host-head">', 1)[1].split("</header>", 1)[0]
+
+
+def test_host_head_is_drawn_once_yet_its_age_and_each_change_show_on_the_next_view(app, client, weblab):
+    from sqlalchemy import select
+
+    from app.db import run_in_transaction
+    from app.models import Host
+
+    cache: NowCache = app.state.now_cache
+    r = client.post("/api/v1/agent/snapshots", headers={"Authorization": f"Bearer {weblab.host_token}"},
+                    json=snapshot_body("node-01", 2, [gpu(u, i) for i, u in enumerate(weblab.devices)],
+                                       interval_seconds=600, driver_version="550.54.15"))
+    assert r.status_code == 200, r.text
+    head = _host_head(weblab.alice.get("/", headers=HX).text)
+    assert "driver 550.54.15" in head and "last snapshot 0s ago" in head
+    (host_id,) = cache._drawn  # the only host: its head drawn once, in English
+
+    def seen_ago(minutes: int) -> None:
+        def work(s):
+            for host in s.scalars(select(Host)):
+                host.last_seen_at -= timedelta(minutes=minutes)
+        run_in_transaction(app.state.session_factory, work)
+
+    seen_ago(5)  # the age moves without a snapshot: the same drawing, the new age
+    drawn = dict(cache.drawn(host_id))
+    head = _host_head(weblab.alice.get("/", headers=HX).text)
+    assert "last snapshot 5m ago" in head and "driver 550.54.15" in head
+    assert cache.drawn(host_id) == drawn
+    assert "<ago/>" not in weblab.alice.get("/?all=1").text
+
+    # what the agent reports changes the head; a marker-like value is text, not a marker
+    r = client.post("/api/v1/agent/snapshots", headers={"Authorization": f"Bearer {weblab.host_token}"},
+                    json=snapshot_body("node-01", 3, [gpu(u, i) for i, u in enumerate(weblab.devices)],
+                                       interval_seconds=600, driver_version="560.1 <ago/>"))
+    assert r.status_code == 200, r.text
+    head = _host_head(weblab.alice.get("/", headers=HX).text)
+    assert "driver 560.1 &lt;ago/&gt;" in head and "550.54.15" not in head and "last snapshot 0s ago" in head
+
+    seen_ago(60)  # stale: the badge changes with the age alone
+    head = _host_head(weblab.alice.get("/", headers=HX).text)
+    assert "stale agent" in head and "last snapshot 1h" in head
+
+    # the reader's language: drawn again in Chinese beside the English drawing
+    weblab.alice.client.headers["Accept-Language"] = "zh-CN"
+    try:
+        html = weblab.alice.get("/", headers=HX).text
+    finally:
+        del weblab.alice.client.headers["Accept-Language"]
+    assert len(cache.drawn(host_id)) == 2 and "最近快照" in _host_head(html)
