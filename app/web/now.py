@@ -160,7 +160,7 @@ def host_html(card: HostCard, *, cache: NowCache, settings: Settings, now: datet
     UTF-8 pieces. The drawing is reused while what it shows stays the same
     (``cache.drawn``); only the age, which changes on every view, is put in afresh."""
     h = card.host
-    key = (locale, card.badge, bool(card.devices), h.name, h.policy, h.source, h.driver_version, h.cuda_version,
+    key = (locale, h.status, card.badge, bool(card.devices), h.name, h.policy, h.source, h.driver_version, h.cuda_version,
            h.monitoring_message, tuple(h.replay_of or ()), h.suspect, tuple(h.suspect_reasons or ()),
            h.clock_offset_s, h.clock_trouble)
     drawn = cache.drawn(h.id)
