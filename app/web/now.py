@@ -160,8 +160,8 @@ def host_html(card: HostCard, *, cache: NowCache, settings: Settings, now: datet
     UTF-8 pieces. The drawing is reused while what it shows stays the same
     (``cache.drawn``); only the age, which changes on every view, is put in afresh."""
     h = card.host
-    key = (locale, h.status, card.badge, bool(card.devices), h.name, h.policy, h.source, h.driver_version, h.cuda_version,
-           h.monitoring_message, tuple(h.replay_of or ()), h.suspect, tuple(h.suspect_reasons or ()),
+    key = (locale, h.status, card.badge, bool(card.devices), h.name, h.policy, h.source, h.driver_version,
+           h.cuda_version, h.monitoring_message, tuple(h.replay_of or ()), h.suspect, tuple(h.suspect_reasons or ()),
            h.clock_offset_s, h.clock_trouble)
     drawn = cache.drawn(h.id)
     head = drawn.get(key)
@@ -209,7 +209,8 @@ def now_page(
         chunks.append(b"\n</section>\n")
     poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
     ctx = {"viewer": viewer, "active": "now", "cards": cards, "cards_html": CARDS_MARKER,
-           "now": now, "refresh": REFRESH_SECONDS, "page_no": page_no, "pages": pages, "show_all": show_all, "poll_url": poll_url,
+           "now": now, "refresh": REFRESH_SECONDS, "page_no": page_no, "pages": pages, "show_all": show_all,
+           "poll_url": poll_url,
            # the viewer's reservations waiting for "keep it" / "release now" (outside the polled block)
            "asked": checkin.asked(session, user_id=viewer.user.id, now=now),
            "question_of": lambda r: reservation_service.checkin_question(r, now)}
