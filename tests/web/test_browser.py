@@ -275,13 +275,23 @@ PAGES = [
 API_DOCS = [("api-docs", "/docs", ".swagger-ui .info .title"), ("api-redoc", "/redoc", "redoc h1")]
 
 
+def _at_each_width(chromium, timeout_ms: int):
+    """``(label, viewport, page)`` at desktop, then at phone width, each page in a context of
+    its own (closed after its turn), waiting at most ``timeout_ms`` for anything."""
+    for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
+        context = chromium.new_context(viewport=viewport, device_scale_factor=1)
+        try:
+            pg = context.new_page()
+            pg.set_default_timeout(timeout_ms)
+            yield label, viewport, pg
+        finally:
+            context.close()
+
+
 def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
     out = SCREENSHOTS / live.db
     out.mkdir(parents=True, exist_ok=True)
-    for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
-        context = chromium.new_context(viewport=viewport, device_scale_factor=1)
-        pg = context.new_page()
-        pg.set_default_timeout(15_000)
+    for label, viewport, pg in _at_each_width(chromium, 15_000):
         pg.goto(live.url + "/login")
         pg.screenshot(path=str(out / f"login-{label}.png"), full_page=True)
         _sign_in(pg, live, "boss")
@@ -300,7 +310,6 @@ def test_screenshots_of_every_page_at_desktop_and_phone_width(chromium, live):
             if name == "timeline":  # the "now" line is on screen, also where the grid scrolls sideways
                 now = pg.locator(".tl-scroll .tl-now").first.bounding_box()
                 assert now is not None and 0 < now["x"] < viewport["width"], f"'now' off-screen at {label} width: {now}"
-        context.close()
 
 
 @pytest.mark.parametrize("live", ["sqlite"], indirect=True)
@@ -314,17 +323,13 @@ def test_api_docs_render_from_the_vendored_assets_at_desktop_and_phone_width(chr
     """
     out = SCREENSHOTS / live.db
     out.mkdir(parents=True, exist_ok=True)
-    for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
-        context = chromium.new_context(viewport=viewport, device_scale_factor=1)
-        pg = context.new_page()
-        pg.set_default_timeout(90_000)
+    for label, _viewport, pg in _at_each_width(chromium, 90_000):
         for name, path, ready in API_DOCS:
             pg.goto(live.url + path)
             pg.wait_for_selector(ready)
             target = out / f"{name}-{label}.png"
             pg.screenshot(path=str(target), full_page=name == "api-docs")
             assert target.stat().st_size > 10_000, name
-        context.close()
 
 
 def test_every_page_runs_under_the_content_security_policy(chromium, live):
