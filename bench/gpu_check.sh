@@ -93,6 +93,17 @@ PY
 }
 
 log() { printf '[gpu_check] %s\n' "$*" | tee -a "$OUT_DIR/summary.txt" >&2; }
+# the pid that a cuda_hold.py writing to log $1 says it holds GPU 0 as, once it says so (at
+# most 30 s; less if process $2, when given, ends first); empty if it never does. runuser
+# forks, so the CUDA process is the launcher's child and names its own pid.
+holding_pid() {
+    for _ in $(seq 1 60); do
+        grep -q "holding GPU 0" "$1" 2>/dev/null && break
+        if [ -n "${2:-}" ]; then kill -0 "$2" 2>/dev/null || break; fi
+        sleep 0.5
+    done
+    sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$1" 2>/dev/null || true
+}
 : > "$OUT_DIR/summary.txt"
 
 export GPUROSTER_DATA_DIR="$WORK/data"
@@ -159,14 +170,8 @@ else
 fi
 CUDA_PID=$!
 PIDS+=("$CUDA_PID")
-for _ in $(seq 1 60); do
-    grep -q "holding GPU 0" "$OUT_DIR/cuda.log" 2>/dev/null && break
-    kill -0 "$CUDA_PID" 2>/dev/null || break
-    sleep 0.5
-done
-grep -q "holding GPU 0" "$OUT_DIR/cuda.log" || { log "CUDA process failed: $(tail -3 "$OUT_DIR/cuda.log")"; exit 1; }
-# runuser forks: the CUDA process is its child, and says its own pid
-REAL_CUDA_PID=$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda.log")
+REAL_CUDA_PID=$(holding_pid "$OUT_DIR/cuda.log" "$CUDA_PID")
+[ -n "$REAL_CUDA_PID" ] || { log "CUDA process failed: $(tail -3 "$OUT_DIR/cuda.log")"; exit 1; }
 log "CUDA process pid $REAL_CUDA_PID as $CUDA_USER (no reservation)"
 
 # -- 3b. the same CUDA process in a container carrying its owner label ------------------------
@@ -261,8 +266,7 @@ else
         for name in gr-holder gr-intruder; do
             runuser -u "$name" -- "$PYTHON_FOR_CUDA" "$WORK/cuda_hold.py" 90 > "$OUT_DIR/cuda-$name.log" 2>&1 &
             PIDS+=($!)
-            for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-$name.log" 2>/dev/null && break; sleep 0.5; done
-            JOB[$name]=$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-$name.log")
+            JOB[$name]=$(holding_pid "$OUT_DIR/cuda-$name.log")
         done
         log "enforcement: holder pid ${JOB[gr-holder]:-none}, intruder pid ${JOB[gr-intruder]:-none} (uids ${UID_OF[gr-holder]}, ${UID_OF[gr-intruder]})"
         timeout -s TERM 20 "$BIN/gpuroster-agent" --expect-gpus --config "$WORK/none.toml" --server "$URL" \
@@ -312,8 +316,7 @@ PY
                 PIDS+=($!)
             done
             for i in 1 2; do
-                for _ in $(seq 1 60); do grep -q "holding GPU 0" "$OUT_DIR/cuda-mps-$i.log" 2>/dev/null && break; sleep 0.5; done
-                CLIENTS+=("$(sed -n 's/^holding GPU 0 as pid \([0-9]*\)$/\1/p' "$OUT_DIR/cuda-mps-$i.log")")
+                CLIENTS+=("$(holding_pid "$OUT_DIR/cuda-mps-$i.log")")
             done
             sleep 1
             nvidia-smi -q -x > "$OUT_DIR/nvidia-smi-q-x-mps.xml" 2>&1 || true

@@ -68,7 +68,6 @@ class DeviceRow:
     view: DeviceRowNow
     label: str
     badge: str
-    html: bytes | None = None  # the drawn <article>, UTF-8 (device_html)
 
 
 @dataclass
@@ -129,15 +128,14 @@ def now_view(session: Session, *, now: datetime, page_no: int = 1, per_page: int
 DRAWN_PER_DEVICE = 2 * len(i18n.LANGUAGES)
 
 
-def device_html(row: DeviceRow, *, settings: Settings, now: datetime, locale: str,
-                template: Template | None = None) -> bytes:
+def device_html(row: DeviceRow, *, template: Template, settings: Settings, now: datetime, locale: str) -> bytes:
     """The ``<article>`` of one device (``_now_device.html``, UTF-8) in ``locale`` (a key of
     :data:`app.i18n.LANGUAGES`), reused from its cached state while its status, holder,
     next reservation and the lab's date stay the same: times print as a clock time today
     and with their date on other days, so the date is part of what is reused; so are the
     open quarantine (read on every view: opening or clearing one draws the device again)
-    and the language. ``template``: ``_now_device.html`` as the caller looked it up once for
-    every device of its view (``None``: looked up here)."""
+    and the language. ``template``: ``_now_device.html``, looked up once per view by the
+    caller (each lookup checks the file's modification time)."""
     v = row.view
     key = (locale, v.status, v.holder, v.next_reservation, v.quarantine, now.astimezone(settings.tz).date())
     drawn = v.state.drawn
@@ -146,7 +144,6 @@ def device_html(row: DeviceRow, *, settings: Settings, now: datetime, locale: st
         if len(drawn) >= DRAWN_PER_DEVICE:
             drawn.clear()
         with i18n.use_locale(locale):
-            template = template or templates.get_template("_now_device.html")
             html = template.render(row=row, settings=settings, now=now).encode()
         drawn[key] = html
     return html
@@ -158,13 +155,12 @@ AGO_MARKER = Markup("<ago/>")
 CARDS_MARKER = Markup("<cards/>")
 
 
-def host_html(card: HostCard, *, cache: NowCache, settings: Settings, now: datetime, locale: str,
-              template: Template | None = None) -> list[bytes]:
+def host_html(card: HostCard, *, template: Template, cache: NowCache, now: datetime, locale: str) -> list[bytes]:
     """The opening of ``card``'s ``<section>`` (``_now_host.html``: the host's head and notes,
     up to its devices) in ``locale``, with the age of its last snapshot at ``now`` (UTC), as
     UTF-8 pieces. The drawing is reused while what it shows stays the same
     (``cache.drawn``); only the age, which changes on every view, is put in afresh.
-    ``template``: ``_now_host.html`` as the caller looked it up (``None``: looked up here)."""
+    ``template``: ``_now_host.html``, looked up once per view by the caller."""
     h = card.host
     key = (locale, h.status, card.badge, bool(card.devices), h.name, h.policy, h.source, h.driver_version,
            h.cuda_version, h.monitoring_message, tuple(h.replay_of or ()), h.suspect, tuple(h.suspect_reasons or ()),
@@ -175,8 +171,7 @@ def host_html(card: HostCard, *, cache: NowCache, settings: Settings, now: datet
         if len(drawn) >= len(i18n.LANGUAGES):
             drawn.clear()
         with i18n.use_locale(locale):
-            template = template or templates.get_template("_now_host.html")
-            text = template.render(card=card, ago_marker=AGO_MARKER, settings=settings, now=now)
+            text = template.render(card=card, ago_marker=AGO_MARKER)
         before, _, after = text.partition(AGO_MARKER)
         head = drawn[key] = (before.encode(), after.encode())
     with i18n.use_locale(locale):
@@ -207,13 +202,12 @@ def now_page(
     # the cards are drawn from reused UTF-8 pieces and spliced into the rendered page: passed
     # through the template as one string, 1,000 hosts (18 MB) cost more than the rest of the view
     chunks: list[bytes] = []
-    # looked up once per view: each lookup checks the file's age (9,000 lookups for 1,000 hosts)
-    drawn = {"host": templates.get_template("_now_host.html"), "device": templates.get_template("_now_device.html")}
+    host_template = templates.get_template("_now_host.html")
+    device_template = templates.get_template("_now_device.html")
     for card in cards:
-        chunks += host_html(card, cache=cache, settings=settings, now=now, locale=locale, template=drawn["host"])
+        chunks += host_html(card, template=host_template, cache=cache, now=now, locale=locale)
         for row in card.devices:
-            row.html = device_html(row, settings=settings, now=now, locale=locale, template=drawn["device"])
-            chunks += (b"\n", row.html)
+            chunks += (b"\n", device_html(row, template=device_template, settings=settings, now=now, locale=locale))
         chunks.append(b"\n</section>\n")
     poll_url = "/?all=1" if show_all else (f"/?page={page_no}" if page_no > 1 else "/")
     ctx = {"viewer": viewer, "active": "now", "cards": cards, "cards_html": CARDS_MARKER,

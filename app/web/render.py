@@ -187,6 +187,8 @@ def _gettext(ctx: Any, message: str, /, **variables: Any) -> Any:
 
 
 templates.env.globals["_"] = _gettext
+
+
 def tr(text: Any) -> str:
     """A message chosen at run time (an error title, a state) in the reader's language; text
     without a translation (user data) comes back unchanged. Autoescaped like any value."""
