@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     pgbouncer: bool = Field(default=False, description="the database URL points at PgBouncer in transaction mode")
     background_start_delay_seconds: float = Field(
         default=0.0, ge=0, description="seconds after start before the periodic jobs (expiry of unapproved pending"
-        " reservations, the waitlist round, the check-in sweep, the history pruner) run a first round; each then"
+        " reservations, the waitlist round, the check-in sweep, the history pruner, the flush of API-token use) run a"
+        " first round; each then"
         " repeats at its own period")
     # Health quarantine (docs/rules.md)
     health_self_clear_seconds: int = Field(

@@ -15,6 +15,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__, web
 from app.api import (agent, approvals, boosts, checkin, feeds, findings, hosts, metrics, notify, quarantines,
@@ -95,13 +96,17 @@ async def _flush_token_usage(app: FastAPI) -> None:
 
 
 async def _flush_token_usage_every(app: FastAPI, seconds: float) -> None:
+    """Flush every ``seconds``; the first flush waits for the settings'
+    ``background_start_delay_seconds`` too, as the other periodic jobs do."""
     mark_background("flushing token use")
+    await asyncio.sleep(max(seconds, app.state.settings.background_start_delay_seconds))
     while True:
-        await asyncio.sleep(seconds)
         await _flush_token_usage(app)
+        await asyncio.sleep(seconds)
 
 
-def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
+               session_factory: sessionmaker[Session] | None = None) -> FastAPI:
     """The application. ``settings`` default to the environment (``GPUROSTER_*``).
 
     ``engine``: one the caller built with :func:`app.db.build_engine` for these settings and
@@ -109,6 +114,10 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     each start builds its own engine and disposes of it at shutdown. An engine compiles each
     statement shape once (its compiled cache), so applications started one after another on
     one engine (as the test suite does) skip compiling again what the last one compiled.
+
+    ``session_factory``: where the application's sessions come from, instead of one built on
+    the engine (:func:`app.db.build_session_factory`). The test suite passes sessions that join
+    one outer transaction, which it rolls back after each test.
     """
     settings = settings or get_settings()
     borrowed = engine
@@ -117,7 +126,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     async def lifespan(app: FastAPI):
         engine = borrowed or build_engine(settings)
         app.state.engine = engine
-        app.state.session_factory = build_session_factory(engine)
+        app.state.session_factory = session_factory or build_session_factory(engine)
         app.state.write_gates = weakref.WeakKeyDictionary() if engine.dialect.name == "sqlite" else None
         from app.services.token_usage import TokenUsage
 

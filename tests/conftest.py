@@ -1,4 +1,6 @@
-"""Shared fixtures: both databases, a migrated schema per test session, clean tables per test.
+"""Shared fixtures: both databases, a migrated schema per test session, each test's
+application in one transaction rolled back after it (or, for tests marked ``commits``, its
+tables emptied after it).
 
 Every test that touches the database takes ``db_url`` (directly or through ``app``/``client``)
 and so runs twice: on SQLite and on PostgreSQL. PostgreSQL is expected on 127.0.0.1:5432
@@ -90,13 +92,17 @@ def _pg_url() -> Iterator[str]:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request) -> Iterator[str]:
-    """A migrated database URL, SQLite or PostgreSQL; tables are emptied after the test."""
+    """A migrated database URL, SQLite or PostgreSQL; tables that got rows are emptied after
+    the test, and a test whose application was rolled back (see ``app``) fails if any had."""
     if request.param == "sqlite":
         url = request.getfixturevalue("_sqlite_url")
     else:
         url = request.getfixturevalue("_pg_url")
     yield url
-    truncate_all(url)
+    left = truncate_all(url)
+    if left and getattr(request.node, "rolled_back", False):
+        pytest.fail(f"rows committed outside the test's rolled-back transaction, in {', '.join(left)}: "
+                    "mark the test 'commits' if another connection must see its data", pytrace=False)
 
 
 _cleaners: dict[str, "_TableCleaner"] = {}
@@ -133,7 +139,8 @@ class _TableCleaner:
                 for table, seq in rows:
                     self.sequences.setdefault(table, []).append(seq)
 
-    def clean(self) -> None:
+    def clean(self) -> list[str]:
+        """Empty the tables that have rows; returns their names."""
         with self.engine.begin() as c:
             dirty = sorted(n for (n,) in c.execute(self.probe))  # keeps children-first order
             for i in dirty:
@@ -141,14 +148,16 @@ class _TableCleaner:
             seqs = [q for i in dirty for q in self.sequences.get(self.tables[i], ())]
             if seqs:
                 c.execute(text("SELECT " + ", ".join(f"setval('{q}', 1, false)" for q in seqs)))
+        return [self.tables[i] for i in dirty]
 
 
-def truncate_all(url: str) -> None:
-    """Empty every table of the test database at ``url`` (the schema and migrations stay)."""
+def truncate_all(url: str) -> list[str]:
+    """Empty every table of the test database at ``url`` (the schema and migrations stay);
+    returns the names of the tables that had rows."""
     cleaner = _cleaners.get(url)
     if cleaner is None:
         cleaner = _cleaners[url] = _TableCleaner(url)
-    cleaner.clean()
+    return cleaner.clean()
 
 
 @pytest.fixture
@@ -171,7 +180,7 @@ def shared_engine(settings):
     each test's application (``create_app(engine=...)``). A new engine per test compiled
     every statement again (SQLAlchemy's compiled cache belongs to the engine): about a fifth
     of the CPU the in-process applications spent. Tests still get a new application each,
-    with its own caches; the tables are emptied between tests as before."""
+    with its own caches."""
     from app.db import build_engine
 
     key = (settings.sqlalchemy_url, settings.sqlite_busy_timeout_ms, settings.db_pool_size, settings.db_pool_overflow,
@@ -183,10 +192,35 @@ def shared_engine(settings):
 
 
 @pytest.fixture
-def app(settings):
+def app(settings, request):
+    """The application under test, on the worker's shared engine.
+
+    Its sessions join one outer transaction on one connection (SQLAlchemy's
+    ``join_transaction_mode="create_savepoint"``: a session's commit releases a savepoint),
+    which is rolled back after the test, so each test starts from the empty schema by
+    construction. One connection serves one thread at a time, and here it does: the test
+    client sends one request at a time, the ``settings`` hold every periodic job back, and
+    notices a commit queues are delivered in the committing thread (as
+    :mod:`app.services.notices` does for a session bound to a connection).
+
+    A test marked ``commits`` gets sessions of its own that really commit (emptied afterwards
+    by ``db_url``): one whose data another connection or process must see (a live server, a
+    CLI command, a second application, parallel requests), or one that counts statements.
+    """
     from app.main import create_app
 
-    return create_app(settings, engine=shared_engine(settings))
+    engine = shared_engine(settings)
+    if request.node.get_closest_marker("commits"):
+        yield create_app(settings, engine=engine)
+        return
+    request.node.rolled_back = True
+    with engine.connect() as conn:
+        outer = conn.begin()
+        try:
+            yield create_app(settings, engine=engine, session_factory=sessionmaker(
+                bind=conn, expire_on_commit=False, autoflush=False, join_transaction_mode="create_savepoint"))
+        finally:
+            outer.rollback()
 
 
 @pytest.fixture

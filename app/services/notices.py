@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, event, func, or_, select, update
+from sqlalchemy import Connection, Engine, event, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -172,8 +172,15 @@ def _deliver_after_commit(session: Session, ids: list[int], settings: Settings) 
     def after_commit(s: Session) -> None:
         todo = s.info.pop(_PENDING, [])
         conf = s.info.pop(f"{_PENDING}.settings", settings)
-        if todo:
-            submit(s.get_bind(), conf, todo)  # type: ignore[arg-type]
+        if not todo:
+            return
+        bind = s.get_bind()
+        if isinstance(bind, Connection):
+            # a session bound to one connection (a transaction its owner will roll back, as the
+            # test suite's are) has no pool to deliver from beside it: deliver here, on it
+            _deliver_logged(bind, conf, todo)  # type: ignore[arg-type]
+        else:
+            submit(bind, conf, todo)
 
     def after_rollback(s: Session) -> None:
         s.info.pop(_PENDING, None)

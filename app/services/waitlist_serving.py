@@ -96,7 +96,8 @@ def _before_commit(session: Session) -> None:
     freed = session.info.pop(_FREED, None)
     if not freed:
         return
-    settings = _settings_by_engine.get(session.get_bind())  # type: ignore[arg-type]
+    # a session bound to a connection (not the engine) serves with the settings of that connection's engine
+    settings = _settings_by_engine.get(session.get_bind().engine)
     if settings is None:
         log.warning("waitlist not served: no settings bound to this database (call waitlist_serving.bind_settings)")
         return

@@ -5,6 +5,8 @@ details, the admins told, and ``GET /devices`` showing such owners (the pages: i
 
 from __future__ import annotations
 
+import pytest
+
 from datetime import UTC, datetime
 
 from sqlalchemy import select
@@ -91,6 +93,7 @@ def test_B38_unattributed_container_finding_reaches_the_api_and_the_device_view(
     assert d0["processes"][0]["unix_user"] is None  # the device never shows bob, the holder, as its user
 
 
+@pytest.mark.commits
 def test_server_cli_sets_and_clears_a_uid(client, lab, settings, session_factory, monkeypatch) -> None:
     from app import cli
 

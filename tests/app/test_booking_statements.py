@@ -9,6 +9,8 @@ lock is taken only when a counted limit applies.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import book, future, gpu, request_statements, snapshot_body
 
 # (SQLite, PostgreSQL): statements of one request, BEGIN/SAVEPOINT included.
@@ -32,6 +34,7 @@ def _statements(engine, fn) -> tuple[object, list[str]]:
     return out, [s.split("\n", 1)[0][:120] for s in seen]
 
 
+@pytest.mark.commits  # counts every statement: the test transaction's savepoints would add to them
 def test_named_booking_statement_count(app, client, lab):
     dialect = app.state.engine.dialect.name
     assert book(client, lab.alice, [lab.devices[0]], future(2)).status_code == 201  # warm caches
@@ -55,6 +58,7 @@ def test_a_refused_booking_reads_its_conflicts_once(app, client, lab):
     assert len(conflict_reads) == 1, "\n".join(flat)
 
 
+@pytest.mark.commits  # counts every statement: the test transaction's savepoints would add to them
 def test_named_booking_with_a_quota_counts_once_and_locks_once(app, client, lab):
     dialect = app.state.engine.dialect.name
     r = client.post("/api/v1/rules", json={"scope": "default", "max_devices": 3}, headers=lab.admin.headers)
@@ -77,6 +81,7 @@ def test_no_quota_lock_without_a_counted_limit(app, client, lab):
     assert book(client, lab.alice, [lab.devices[2]], future(2), duration="P2D").status_code == 403
 
 
+@pytest.mark.commits  # counts every statement: the test transaction's savepoints would add to them
 def test_placement_statement_count_does_not_grow_with_devices(app, client, lab, make_host):
     dialect = app.state.engine.dialect.name
     big = make_host("node-02")

@@ -4,6 +4,8 @@ database's return after an outage."""
 
 from __future__ import annotations
 
+import pytest
+
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
@@ -11,6 +13,8 @@ from sqlalchemy.exc import OperationalError
 from app.db import build_engine
 from app.main import create_app
 from app.middleware.outage import watch_recovery
+
+pytestmark = pytest.mark.commits  # applications built on their own or a lent engine
 
 
 def test_a_lent_engine_is_used_and_left_open_while_an_own_engine_is_disposed(settings):

@@ -15,6 +15,8 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import FRESH_FOR, book, future, gpu, snapshot_body
 
+pytestmark = pytest.mark.commits  # a second app (a replica) reads what the first committed
+
 
 def _uncached_list(session_factory) -> list[dict]:
     from app.models import utcnow

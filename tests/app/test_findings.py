@@ -17,6 +17,8 @@ from app.services import findings as svc
 from app.services import hosts as host_service
 from app.services import ingest
 
+pytestmark = pytest.mark.commits  # records findings through a session factory of its own engine
+
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 G0 = "GPU-aaaa0000-0000-0000-0000-000000000000"
 G1 = "GPU-aaaa1111-0000-0000-0000-000000000000"

@@ -96,6 +96,7 @@ def test_series_with_key_books_once(client, lab, session_factory):
     assert _count(session_factory) == 3
 
 
+@pytest.mark.commits
 def test_parallel_identical_any_one_gpu_requests_with_one_key_book_one_gpu(client, lab, session_factory):
     body = {"count": 1, "start": "now", "duration": "PT2H"}
     results: list[httpx.Response] = []
@@ -121,6 +122,7 @@ def test_parallel_identical_any_one_gpu_requests_with_one_key_book_one_gpu(clien
     assert _count(session_factory) == 1
 
 
+@pytest.mark.commits
 def test_request_in_flight_with_the_key_is_409(client, lab, session_factory, db_url):
     if not db_url.startswith("postgresql"):
         pytest.skip("SQLite serialises writers: a second request waits for the first and gets its answer")

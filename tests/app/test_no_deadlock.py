@@ -19,6 +19,8 @@ from app.errors import ReservationConflict
 from app.schemas.reservation import ReservationCreate
 from tests.conftest import future
 
+pytestmark = pytest.mark.commits  # simultaneous writers, each on its own connection
+
 WRITERS = 8
 ROUNDS = 6
 

@@ -25,6 +25,8 @@ from app.services import ingest
 from app.services import notices
 from app.services import users as user_service
 
+pytestmark = pytest.mark.commits  # delivery runs on its own engine and worker threads, after the commit
+
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 G0 = "GPU-cccc0000-0000-0000-0000-000000000000"
 HOOK = "https://hooks.slack.example/services/T000/B000/secretsecret"

@@ -4,10 +4,14 @@ Both databases (the pool is the same QueuePool on each)."""
 
 from __future__ import annotations
 
+import pytest
+
 import logging
 import time
 
 from fastapi.testclient import TestClient
+
+pytestmark = pytest.mark.commits  # engines with pools of their own
 
 PAGE = {"Accept": "text/html", "Cookie": "gpuroster_session=" + "s" * 43}
 BOGUS = {"Authorization": "Bearer " + "x" * 40}

@@ -3,6 +3,8 @@ its holders and the admins told; admins clear it, slowdowns clear by themselves.
 
 from __future__ import annotations
 
+import pytest
+
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
@@ -200,6 +202,7 @@ def test_a_replayed_capture_with_pending_retirement_quarantines_its_gpu(client, 
     assert {c["kind"] for c in listed[0]["conditions"]} == {"ecc_uncorrected", "retired_pages_pending"}
 
 
+@pytest.mark.commits
 def test_cli_clear_quarantine_clears_and_names_errors(client, lab, settings, monkeypatch):
     from typer.testing import CliRunner
 

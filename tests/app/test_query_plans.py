@@ -23,7 +23,7 @@ from sqlalchemy import event, text
 from testkit.history import SEED, SEED_FINDINGS, SEED_ROLLUPS
 from tests.conftest import future, gpu, migrated_pg_database, snapshot_body
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.commits]
 
 HISTORY = 120_000  # past reservations; enough that the planner prefers an index where one fits
 ROLLUPS = 300_000  # per-minute usage rollups: 8 GPUs, a row a minute for 26 days

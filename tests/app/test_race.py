@@ -20,6 +20,8 @@ from app.config import normalize_database_url
 from tests.conftest import future, gpu, snapshot_body
 from testkit.live import gpuroster_env, live_server
 
+pytestmark = pytest.mark.commits  # parallel clients, each request on its own connection
+
 # Seconds a client waits for an answer. These tests judge what is written (no overlap, no 5xx),
 # not latency: a request waits at most the busy timeout (30 s) for a write turn or a pooled
 # connection before its 503. A request still unanswered after this long fails the test with

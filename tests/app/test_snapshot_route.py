@@ -99,6 +99,7 @@ def test_request_schema_stays_in_the_openapi_document(client) -> None:
     assert schemas["Snapshot"]["additionalProperties"] is False
 
 
+@pytest.mark.commits  # counts every statement: the test transaction's savepoints would add to them
 def test_statements_per_unchanged_snapshot(app, client, make_host) -> None:
     """A snapshot that changes nothing but its time: host lookup, seq claim, devices with
     their telemetry, three touches (devices, telemetry, processes), processes read, host row,

@@ -6,6 +6,8 @@ four cancels at once serve one entry once (on PostgreSQL, in parallel)."""
 
 from __future__ import annotations
 
+import pytest
+
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
@@ -316,6 +318,7 @@ def test_a_savepoint_rolled_back_after_the_freeing_change_still_serves(client, l
     assert _get(client, lab.alice, e["id"])["state"] == "booked"
 
 
+@pytest.mark.commits
 def test_freed_at_once_by_four_cancels_the_entry_is_served_once(client, lab):
     import threading
 

@@ -8,12 +8,16 @@ follow queue behind it exactly as concurrent requests would.
 
 from __future__ import annotations
 
+import pytest
+
 import time
 
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from tests.conftest import Actor, book, future, gpu, snapshot_body
+
+pytestmark = pytest.mark.commits  # applications of its own, writing concurrently
 
 WAIT_MS = 300  # the busy timeout under test: short, so that the test waits little
 

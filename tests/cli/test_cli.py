@@ -28,6 +28,8 @@ from app.db import build_engine, build_session_factory, run_in_transaction
 from tests.conftest import gpu, snapshot_body, truncate_all
 from testkit.live import BIN, free_port, gpuroster_env, live_server
 
+pytestmark = pytest.mark.commits  # CLI commands and live servers read what the test committed
+
 BERLIN = ZoneInfo("Europe/Berlin")
 PASSWORD = "correct horse battery"
 

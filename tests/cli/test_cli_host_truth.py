@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import httpx
 
 from tests.cli.test_cli import lab, server  # noqa: F401 - fixtures
 from tests.conftest import gpu, snapshot_body
+
+pytestmark = pytest.mark.commits  # CLI commands read what the test committed
 
 NEW_GPU = "GPU-9999dddd-0000-0000-0000-000000000009"
 

@@ -21,6 +21,8 @@ from app.services import reservations as reservation_service
 from app.services.intervals import Interval
 from tests.conftest import FRESH_FOR, future, gpu, snapshot_body
 
+pytestmark = pytest.mark.commits  # seeds through a session factory of its own engine
+
 BASE = datetime(2031, 1, 6, 8, 0, tzinfo=UTC)
 STEP = timedelta(minutes=30)
 MODELS = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB"]

@@ -18,6 +18,8 @@ from app.db import build_engine, build_session_factory, run_in_transaction
 from tests.conftest import future, gpu, snapshot_body
 from testkit.live import gpuroster_env, live_server
 
+pytestmark = pytest.mark.commits  # parallel requests, each on its own connection
+
 N = 8  # parallel requests per quota, each for its own device
 CASES = [  # (the user's limit, how many of the N requests it allows)
     ({"max_devices": 2}, 2),

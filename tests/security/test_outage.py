@@ -11,6 +11,8 @@ from sqlalchemy import create_engine, text
 
 from tests.conftest import _create_pg_database, _drop_pg_database, _pg_admin_url, PG_SERVER, require_pg
 
+pytestmark = pytest.mark.commits  # applications on their own engines, whose database goes away
+
 # a page request of a browser with a session cookie: looking the session up needs the database
 PAGE = {"Accept": "text/html", "Cookie": "gpuroster_session=" + "s" * 43}
 

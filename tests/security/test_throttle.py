@@ -9,6 +9,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+pytestmark = pytest.mark.commits  # an app per client address, sharing the users through the database
+
 PASSWORD = "correct horse battery"
 
 

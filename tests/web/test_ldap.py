@@ -12,6 +12,8 @@ from tests.web.conftest import csrf_of
 from testkit.live import free_port
 from testkit.slapd import SUFFIX, running_slapd, slapd_binary
 
+pytestmark = pytest.mark.commits  # apps built per directory setting share the test's users through the database
+
 SERVICE_DN = f"uid=gpuroster-svc,ou=services,{SUFFIX}"
 DIRECTORY = f"""dn: {SUFFIX}
 objectClass: dcObject

@@ -10,6 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+pytestmark = pytest.mark.commits  # the provider and each signed-in app of a test read users through their own connections
+
 oidc_provider_mock = pytest.importorskip("oidc_provider_mock")
 
 CLAIMS = {
