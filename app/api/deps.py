@@ -56,7 +56,9 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 WriteSessionDep = Annotated[Session, Depends(get_write_session, scope="function")]
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
+    """The application's settings. ``async`` because it only reads memory: FastAPI runs a
+    plain ``def`` dependency in the worker thread pool, a hand-off per request for nothing."""
     return request.app.state.settings
 
 
@@ -100,7 +102,9 @@ def current_user_write(request: Request, session: WriteSessionDep) -> User:
     return user
 
 
-def admin_user(user: Annotated[User, Depends(current_user_write)]) -> User:
+async def admin_user(user: Annotated[User, Depends(current_user_write)]) -> User:
+    """The signed-in user if an admin (raises Forbidden, 403); reads no database, so it runs
+    on the event loop (see :func:`get_settings_dep`)."""
     if not user.is_admin:
         raise Forbidden("admins only")
     return user

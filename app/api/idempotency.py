@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from app.api.deps import WriteSessionDep, WriteUser
@@ -95,9 +96,12 @@ def guard(request: Request, session: Session, user: User, found: RequestKey | No
     return out
 
 
-def api_idempotency(request: Request, user: WriteUser, session: WriteSessionDep, found: RequestKeyDep) -> Idempotency:
-    """The dependency for JSON API routes."""
-    return guard(request, session, user, found)
+async def api_idempotency(request: Request, user: WriteUser, session: WriteSessionDep, found: RequestKeyDep) -> Idempotency:
+    """The dependency for JSON API routes. Most requests carry no key and need no database
+    here, so it runs on the event loop and hands only a key's check to the thread pool."""
+    if found is None:
+        return guard(request, session, user, found)
+    return await run_in_threadpool(guard, request, session, user, found)
 
 
 IdempotencyDep = Annotated[Idempotency, Depends(api_idempotency)]
