@@ -122,7 +122,10 @@ def timed(client: TestClient, headers: dict[str, str], n: int, url: str = "/", *
 
 
 def pct(values: list[float], q: int) -> float:
-    """The q-th percentile (inclusive method; with 20 samples p99 is close to the maximum)."""
+    """The q-th percentile (inclusive method; with 20 samples p99 is close to the maximum; one
+    sample is every percentile)."""
+    if len(values) < 2:
+        return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
