@@ -225,7 +225,7 @@ def main() -> int:
     s = service.samples
     first, last = s[0][1] / MiB, s[-1][1] / MiB
     peak = max(r for _, r in s) / MiB
-    half = [x for x in s if x[0] >= args.polls // 2]
+    half = [x for x in s if x[0] >= args.polls // 2] or s[-1:]  # fewer polls than one sampling step: the last sample
     host = ("this machine's GPUs through the real NVML" if args.real_nvml else
             f"fake NVML, {N_GPUS} GPUs x {PROCS_PER_GPU} processes, one replaced every {args.churn} polls ({replaced} replaced)")
     print(f"agent under {Path(sys.executable).parent.parent.name}: python {sys.version.split()[0]}, {host}")
@@ -233,7 +233,7 @@ def main() -> int:
     print(f"  RSS after the first poll : {first:6.1f} MiB ({first / TARGET_MIB:.2f} x target)")
     print(f"  RSS after {s[-1][0]:>6} polls : {last:6.1f} MiB ({last / TARGET_MIB:.2f} x target); peak sampled {peak:.1f} MiB")
     print(f"  growth per 1,000 polls   : {slope_per_1000(half):+6.1f} KiB (polls {half[0][0]}-{half[-1][0]}); "
-          f"{slope_per_1000(s[1:]):+.1f} KiB over polls {s[1][0]}-{s[-1][0]}")
+          f"{slope_per_1000(s[1:]):+.1f} KiB over polls {s[min(1, len(s) - 1)][0]}-{s[-1][0]}")
     print("  samples (polls: MiB): " + ", ".join(f"{n}: {r / MiB:.1f}" for n, r in s[:: max(1, len(s) // 10)]))
     if split:
         print("  at the end: " + ", ".join(f"{k} {v / 1024:.1f} MiB" for k, v in split.items())
