@@ -1,4 +1,4 @@
-"""The in-process benchmarks run at a toy size and print their figures.
+"""The quick benchmarks run at a toy size and print their figures.
 
 They are run by hand on a large lab, where a crash costs a seeding of minutes; here each
 runs on two hosts in seconds, so a change that breaks one (a cache it swaps, a helper it
@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 RUNS = {
+    "agent_memory": (["bench/agent_memory.py", "--polls", "50"], "RSS after the first poll"),
     "devices_list": (["bench/devices_list.py", "--hosts", "2", "--requests", "2"], "GET /metrics, warm"),
     "render_now": (["bench/render_now.py", "--hosts", "2", "--renders", "2"], "warm/cold"),
     "ingest_route": (["bench/ingest_route.py", "--db", "sqlite", "--hosts", "2", "--count", "5", "--repeat", "1",
