@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -87,9 +87,13 @@ def build_engine(settings: Settings, **kwargs: Any) -> Engine:
     )
 
 
-def build_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions with ``expire_on_commit=False`` (objects stay readable after commit)."""
-    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+def build_session_factory(engine: Engine | Connection) -> sessionmaker[Session]:
+    """Sessions with ``expire_on_commit=False`` (objects stay readable after commit).
+
+    Bound to a connection already in a transaction (the test suite's, rolled back after each
+    test), a session works inside a savepoint: its commit releases it and its rollback
+    returns to it, never ending the owner's transaction."""
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False, join_transaction_mode="create_savepoint")
 
 
 def is_sqlite(session_or_engine: Session | Engine) -> bool:

@@ -114,10 +114,15 @@ class _TableCleaner:
     Most tests write to a handful of the schema's tables; ``TRUNCATE`` of all of them costs
     about 150 ms a test on PostgreSQL (each truncated table gets a new file) and a
     ``DELETE`` of every table about 28 ms on SQLite. One round trip finds the tables with
-    rows; those are emptied children first (so foreign keys hold at every step) and, on
-    PostgreSQL, their identity sequences restarted, as ``RESTART IDENTITY`` did. The
-    engine is kept for the whole session, so no test pays for a new connection here.
+    rows; those are emptied children first (so foreign keys hold at every step). On
+    PostgreSQL every identity sequence a test moved is restarted, as ``RESTART IDENTITY``
+    did: sequences are not transactional, so a rolled-back test moves them too, and ids
+    would otherwise depend on the tests run before. The engine is kept for the whole
+    session, so no test pays for a new connection here.
     """
+
+    _RESTART = text("SELECT setval(format('%I.%I', schemaname, sequencename)::regclass, 1, false)"
+                    " FROM pg_sequences WHERE schemaname = 'public' AND last_value IS NOT NULL")
 
     def __init__(self, url: str) -> None:
         from app.config import normalize_database_url
@@ -128,16 +133,6 @@ class _TableCleaner:
         self.tables = [t.name for t in reversed(Base.metadata.sorted_tables)]  # children first
         self.probe = text(" UNION ALL ".join(
             f"SELECT {i} AS n WHERE EXISTS (SELECT 1 FROM \"{t}\")" for i, t in enumerate(self.tables)))
-        self.sequences: dict[str, list[str]] = {}
-        if self.pg:
-            with self.engine.connect() as c:
-                rows = c.execute(text(
-                    "SELECT t.relname, s.oid::regclass::text FROM pg_class s"
-                    " JOIN pg_depend d ON d.objid = s.oid AND d.classid = 'pg_class'::regclass"
-                    " JOIN pg_class t ON t.oid = d.refobjid"
-                    " WHERE s.relkind = 'S' AND t.relnamespace = 'public'::regnamespace"))
-                for table, seq in rows:
-                    self.sequences.setdefault(table, []).append(seq)
 
     def clean(self) -> list[str]:
         """Empty the tables that have rows; returns their names."""
@@ -145,9 +140,8 @@ class _TableCleaner:
             dirty = sorted(n for (n,) in c.execute(self.probe))  # keeps children-first order
             for i in dirty:
                 c.execute(text(f'DELETE FROM "{self.tables[i]}"'))
-            seqs = [q for i in dirty for q in self.sequences.get(self.tables[i], ())]
-            if seqs:
-                c.execute(text("SELECT " + ", ".join(f"setval('{q}', 1, false)" for q in seqs)))
+            if self.pg:
+                c.execute(self._RESTART)
         return [self.tables[i] for i in dirty]
 
 
@@ -207,6 +201,7 @@ def app(settings, request):
     by ``db_url``): one whose data another connection or process must see (a live server, a
     CLI command, a second application, parallel requests), or one that counts statements.
     """
+    from app.db import build_session_factory
     from app.main import create_app
 
     engine = shared_engine(settings)
@@ -217,8 +212,7 @@ def app(settings, request):
     with engine.connect() as conn:
         outer = conn.begin()
         try:
-            yield create_app(settings, engine=engine, session_factory=sessionmaker(
-                bind=conn, expire_on_commit=False, autoflush=False, join_transaction_mode="create_savepoint"))
+            yield create_app(settings, engine=engine, session_factory=build_session_factory(conn))
         finally:
             outer.rollback()
 

@@ -25,11 +25,10 @@ CONFLICT = {409: {"description": "conflict: names each conflicting reservation a
 def create_reservation(data: ReservationCreate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep,
                        idem: IdempotencyDep) -> Response:
     """Book devices (UUIDs or indices) of a host for ``[start, end)``. With an
-    ``Idempotency-Key`` header, a retry within 24 h gets the first answer and books nothing.
-
-    The answer is serialised by pydantic here, as ``response_model`` documents it: it is built
-    from validated rows, and FastAPI's check of a returned model is one more hand-off to the
-    thread pool per booking."""
+    ``Idempotency-Key`` header, a retry within 24 h gets the first answer and books nothing."""
+    # The answer is serialised by pydantic here, as response_model documents it: it is built
+    # from validated rows, and FastAPI's check of a returned model is one more hand-off to the
+    # thread pool per booking.
     r = svc.create_reservation(session, actor=user, data=data, settings=settings)
     location = f"/api/v1/reservations/{r.id}"
     out = svc.to_read(r)
