@@ -93,7 +93,7 @@ def test_B38_unattributed_container_finding_reaches_the_api_and_the_device_view(
     assert d0["processes"][0]["unix_user"] is None  # the device never shows bob, the holder, as its user
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # a CLI command reads what the test committed
 def test_server_cli_sets_and_clears_a_uid(client, lab, settings, session_factory, monkeypatch) -> None:
     from app import cli
 

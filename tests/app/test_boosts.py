@@ -176,7 +176,7 @@ def test_boost_raises_a_calendar_limit(client, lab):
     assert book(client, lab.alice, [0, 1], start, duration="PT2H").status_code == 201
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # a decision in flight on another connection
 def test_a_decision_waits_for_the_one_in_flight_and_then_gets_409(client, lab, session_factory, settings):
     """While one decision holds the boost's row lock (uncommitted), a second waits for it and
     then gets a 409 naming the first; the audit log holds one decision."""

@@ -96,7 +96,7 @@ def test_series_with_key_books_once(client, lab, session_factory):
     assert _count(session_factory) == 3
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # parallel requests, each on its own connection
 def test_parallel_identical_any_one_gpu_requests_with_one_key_book_one_gpu(client, lab, session_factory):
     body = {"count": 1, "start": "now", "duration": "PT2H"}
     results: list[httpx.Response] = []
@@ -122,7 +122,7 @@ def test_parallel_identical_any_one_gpu_requests_with_one_key_book_one_gpu(clien
     assert _count(session_factory) == 1
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # a request in flight on another connection
 def test_request_in_flight_with_the_key_is_409(client, lab, session_factory, db_url):
     if not db_url.startswith("postgresql"):
         pytest.skip("SQLite serialises writers: a second request waits for the first and gets its answer")

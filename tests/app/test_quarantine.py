@@ -202,7 +202,7 @@ def test_a_replayed_capture_with_pending_retirement_quarantines_its_gpu(client, 
     assert {c["kind"] for c in listed[0]["conditions"]} == {"ecc_uncorrected", "retired_pages_pending"}
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # a CLI command reads what the test committed
 def test_cli_clear_quarantine_clears_and_names_errors(client, lab, settings, monkeypatch):
     from typer.testing import CliRunner
 

@@ -64,7 +64,7 @@ def test_get_requests_issue_no_write_and_token_use_is_flushed_apart(app, client,
     assert _last_used(session_factory, lab.bob.token) == used
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # an app of its own, read after it stops
 def test_token_use_is_flushed_at_shutdown(settings, make_user):
     from app.main import create_app
 
@@ -100,7 +100,7 @@ def test_flush_never_moves_last_use_backwards(app, client, lab, session_factory)
     assert first <= utcnow()
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # another process holds the write lock
 def test_reads_answer_while_another_process_holds_the_sqlite_write_lock(db_url, tmp_path, make_user):
     """Agents posting snapshots hold SQLite's one write lock most of the time; a read that
     tried to write (a token's last use) waited for it and failed with 503 'database is busy'."""

@@ -318,7 +318,7 @@ def test_a_savepoint_rolled_back_after_the_freeing_change_still_serves(client, l
     assert _get(client, lab.alice, e["id"])["state"] == "booked"
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # parallel requests, each on its own connection
 def test_freed_at_once_by_four_cancels_the_entry_is_served_once(client, lab):
     import threading
 

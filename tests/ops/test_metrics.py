@@ -140,7 +140,7 @@ def test_counters_count_bookings_conflicts_findings_and_notices(client, lab, ses
     assert [(s.labels, s.value) for s in m["gpuroster_findings_open"]] == [({"host": "node-01", "kind": "unreserved"}, 1)]
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # a second app reads what the first committed
 def test_two_app_instances_on_one_database_scrape_the_same(settings, client, lab):
     """Nothing comes from a process's memory: a second app (another worker) answers the same."""
     from app.main import create_app
@@ -168,7 +168,7 @@ def test_health_endpoints_answer(client, path):
     assert r.json()["status"] in ("ok", "ready")
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # an app on an unmigrated database of its own
 def test_readyz_is_503_not_500_when_the_database_is_behind(tmp_path):
     """A database that was never migrated: not ready (503 naming the fix), never a 500."""
     from app.config import Settings

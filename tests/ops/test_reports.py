@@ -269,7 +269,7 @@ def test_prune_keeps_the_window_and_runs_once_per_hour(client, lab, session_fact
         assert s.scalar(select(func.count()).select_from(AuditLog).where(AuditLog.action == "history.prune")) == 2
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # an app of its own whose pruner runs in the background
 def test_lifespan_pruner_prunes_after_its_first_delay(settings):
     from fastapi.testclient import TestClient
 

@@ -20,7 +20,7 @@ def _token(factory, username: str) -> dict[str, str]:  # noqa: F811
     return {"Authorization": f"Bearer {run_in_transaction(factory, work)}"}
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # seeds through a session factory of its own engine
 def test_d14_offender_sees_the_holder_by_name_not_email(client, factory, lab, conf, mailbox, hook):  # noqa: F811
     post(factory, conf, 1, [finding(kind="foreign", user="alice", holder="bob")])
     alice, bob, carol = (_token(factory, n) for n in ("alice", "bob", "carol"))
@@ -35,7 +35,7 @@ def test_d14_offender_sees_the_holder_by_name_not_email(client, factory, lab, co
     assert "@lab.example" not in client.get(f"/api/v1/findings/{f['id']}", headers=carol).text
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # apps of its own, with and without a token
 def test_metrics_bearer_token_when_configured(settings):
     from fastapi.testclient import TestClient
 

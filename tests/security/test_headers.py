@@ -58,7 +58,7 @@ def test_d11_hsts_only_over_https(app, client):
     _assert_headers(client.get("/healthz"), https=False)
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # apps of its own, behind and not behind a proxy
 def test_d11_hsts_from_a_trusted_proxy_only(settings):
     from app.main import create_app
 

@@ -135,7 +135,7 @@ def test_member_changes_password_over_api(weblab, client, make_user, session_fac
     assert client.get("/api/v1/me", headers=dave.headers).status_code == 200  # tokens keep working
 
 
-@pytest.mark.commits
+@pytest.mark.commits  # a CLI command reads what the test committed
 def test_admin_set_password_cli_ends_sessions(weblab, settings, session_factory, tmp_path):
     env = {"GPUROSTER_DATABASE_URL": settings.database_url, "GPUROSTER_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     gpuroster = str(Path(sys.executable).parent / "gpuroster")

@@ -192,7 +192,7 @@ def test_the_sign_in_page_in_chinese_has_no_english_left(client):
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-@pytest.mark.commits
+@pytest.mark.commits  # apps of its own, one per zone
 def test_the_footer_names_the_lab_zone_and_in_utc_says_no_more(settings):
     from fastapi.testclient import TestClient
 
