@@ -7,6 +7,7 @@ import logging
 import weakref
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
@@ -105,6 +106,22 @@ async def _flush_token_usage_every(app: FastAPI, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
 
+def install_caches(state: Any) -> None:
+    """Empty per-process caches of the lab's current state on an application's ``state``
+    (Now, the device list, ``/metrics`` and the holders they share), each keyed on what every
+    request reads of the database, so replicas agree; the holders are computed once for all
+    three readers. Benchmarks call it again to time a cold view."""
+    from app.services.device_list_cache import DeviceListCache
+    from app.services.lab_holds import HoldsCache
+    from app.services.metrics_cache import MetricsCache
+    from app.services.now_state import NowCache
+
+    state.holds_cache = HoldsCache()
+    state.now_cache = NowCache()
+    state.device_list_cache = DeviceListCache(state.holds_cache)
+    state.metrics_cache = MetricsCache(state.holds_cache)
+
+
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
                session_factory: sessionmaker[Session] | None = None) -> FastAPI:
     """The application. ``settings`` default to the environment (``GPUROSTER_*``).
@@ -150,17 +167,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         openapi_url="/openapi.json",
     )
     app.state.settings = settings
-    # Per-process caches of the lab's current state, each keyed on what every request reads of
-    # the database (so replicas agree); the holders are computed once for all three readers.
-    from app.services.device_list_cache import DeviceListCache
-    from app.services.lab_holds import HoldsCache
-    from app.services.metrics_cache import MetricsCache
-    from app.services.now_state import NowCache
-
-    app.state.holds_cache = HoldsCache()
-    app.state.now_cache = NowCache()
-    app.state.device_list_cache = DeviceListCache(app.state.holds_cache)
-    app.state.metrics_cache = MetricsCache(app.state.holds_cache)
+    install_caches(app.state)
     install_error_handlers(app)
     from app.api import idempotency
 

@@ -28,7 +28,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.db import run_in_transaction  # noqa: E402
-from app.main import create_app  # noqa: E402
+from app.main import create_app, install_caches  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
 from bench.render_now import pct, seed  # noqa: E402
 
@@ -46,17 +46,6 @@ def api_token(factory) -> str:
     return run_in_transaction(factory, work)
 
 
-def fresh_caches(state) -> None:
-    """Empty caches on the application's ``state``, built as :func:`app.main.create_app` builds them."""
-    from app.services.device_list_cache import DeviceListCache
-    from app.services.lab_holds import HoldsCache
-    from app.services.metrics_cache import MetricsCache
-
-    state.holds_cache = HoldsCache()
-    state.device_list_cache = DeviceListCache(state.holds_cache)
-    state.metrics_cache = MetricsCache(state.holds_cache)
-
-
 def timed(client: TestClient, headers: dict[str, str], n: int, paths: list[str], *,
           cold: bool = False) -> tuple[list[float], int]:
     """Milliseconds per round of ``paths`` (all pages of one listing) and the bytes of a round;
@@ -64,7 +53,7 @@ def timed(client: TestClient, headers: dict[str, str], n: int, paths: list[str],
     times, size = [], 0
     for _ in range(n):
         if cold:
-            fresh_caches(client.app.state)  # type: ignore[attr-defined]
+            install_caches(client.app.state)  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         size = 0
         for p in paths:

@@ -100,9 +100,15 @@ def db_url(request) -> Iterator[str]:
         url = request.getfixturevalue("_pg_url")
     yield url
     left = truncate_all(url)
-    if left and getattr(request.node, "rolled_back", False):
+    if left and rolled_back(request):
         pytest.fail(f"rows committed outside the test's rolled-back transaction, in {', '.join(left)}: "
                     "mark the test 'commits' if another connection must see its data", pytrace=False)
+
+
+def rolled_back(request) -> bool:
+    """Whether the test of ``request`` works in a transaction rolled back after it: it uses the
+    application (``app``) and is not marked ``commits``."""
+    return "app" in request.fixturenames and request.node.get_closest_marker("commits") is None
 
 
 _cleaners: dict[str, "_TableCleaner"] = {}
@@ -205,10 +211,9 @@ def app(settings, request):
     from app.main import create_app
 
     engine = shared_engine(settings)
-    if request.node.get_closest_marker("commits"):
+    if not rolled_back(request):
         yield create_app(settings, engine=engine)
         return
-    request.node.rolled_back = True
     with engine.connect() as conn:
         outer = conn.begin()
         try:

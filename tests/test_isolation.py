@@ -14,20 +14,10 @@ import pytest
 from tests.conftest import book, future
 
 
-def _book_once(client, lab) -> int:
+@pytest.mark.parametrize("round_", [1, 2])
+@pytest.mark.parametrize("mode", ["rolled_back", pytest.param("committing", marks=pytest.mark.commits)])
+def test_a_test_leaves_nothing_behind_and_ids_start_from_one(client, lab, mode, round_):
+    assert client.get("/api/v1/reservations", headers=lab.admin.headers).json()["total"] == 0
     r = book(client, lab.alice, [lab.devices[0]], future(24))
     assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
-@pytest.mark.parametrize("round_", [1, 2])
-def test_a_rolled_back_test_leaves_nothing_and_ids_start_from_one(client, lab, round_):
-    assert client.get("/api/v1/reservations", headers=lab.admin.headers).json()["total"] == 0
-    assert _book_once(client, lab) == 1
-
-
-@pytest.mark.commits
-@pytest.mark.parametrize("round_", [1, 2])
-def test_a_committing_test_leaves_nothing_and_ids_start_from_one(client, lab, round_):
-    assert client.get("/api/v1/reservations", headers=lab.admin.headers).json()["total"] == 0
-    assert _book_once(client, lab) == 1
+    assert r.json()["id"] == 1

@@ -95,7 +95,7 @@ def create_maintenance(data: MaintenanceCreate, admin: AdminUser, session: Write
     out = MaintenanceRead(maintenance=reservation_service.to_read(m, now),
                           overridden=[OverriddenRead(id=o.id, user=o.user, action=o.action, end=o.end) for o in done])
     response.headers["Location"] = f"/api/v1/reservations/{m.id}"
-    idem.done(201, out.model_dump(mode="json"), response.headers["Location"])
+    idem.done(201, out, response.headers["Location"])
     return out
 
 

@@ -56,7 +56,7 @@ def ask(data: BoostCreate, user: WriteUser, session: WriteSessionDep, settings: 
     b = svc.ask(session, user=user, limit_name=data.limit, value=data.value, reason=data.reason, ends_at=end, now=now)
     out = boost_read(b, now)
     response.headers["Location"] = f"/api/v1/boosts/{b.id}"
-    idem.done(201, out.model_dump(mode="json"), response.headers["Location"])
+    idem.done(201, out, response.headers["Location"])
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
@@ -81,9 +82,13 @@ class Idempotency:
         return self.found.key if self.found else None
 
     def done(self, status_code: int, body: Any, location: str | None = None) -> None:
-        """Store the answer (JSON-ready ``body``, ``None`` for a redirect) in the route's transaction."""
+        """Store the answer in the route's transaction: ``body`` JSON-ready, a pydantic model
+        (dumped in JSON mode only here, when there is a key to store it with) or ``None`` for
+        a redirect."""
         if self.found is None:
             return
+        if isinstance(body, BaseModel):
+            body = body.model_dump(mode="json")
         svc.record(self.session, user=self.user, key=self.found.key, digest=self.found.digest, method=self.method,
                    path=self.path, answer=svc.StoredAnswer(status_code, body, location), now=self.now)
 

@@ -32,8 +32,7 @@ def create_reservation(data: ReservationCreate, user: WriteUser, session: WriteS
     r = svc.create_reservation(session, actor=user, data=data, settings=settings)
     location = f"/api/v1/reservations/{r.id}"
     out = svc.to_read(r)
-    if idem.key is not None:
-        idem.done(201, out.model_dump(mode="json"), location)
+    idem.done(201, out, location)
     return Response(out.model_dump_json(), status_code=201, media_type="application/json", headers={"Location": location})
 
 

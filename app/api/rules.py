@@ -243,7 +243,7 @@ def create_series(data: SeriesCreate, user: WriteUser, session: WriteSessionDep,
         response.status_code = 200
     else:
         response.headers["Location"] = f"/api/v1/series/{read.id}"
-        idem.done(201, read.model_dump(mode="json"), response.headers["Location"])
+        idem.done(201, read, response.headers["Location"])
     return read
 
 

@@ -42,7 +42,7 @@ def create_entry(data: WaitlistCreate, user: WriteUser, session: WriteSessionDep
     waitlist_serving.serve(session, settings=settings, now=now, only=[e.id])
     response.headers["Location"] = f"/api/v1/waitlist/{e.id}"
     out = svc.to_read(e, now, svc.positions(session, [e], now).get(e.id))
-    idem.done(201, out.model_dump(mode="json"), response.headers["Location"])
+    idem.done(201, out, response.headers["Location"])
     return out
 
 
