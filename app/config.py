@@ -67,6 +67,9 @@ class Settings(BaseSettings):
         " reservations, the waitlist round, the check-in sweep, the history pruner, the flush of API-token use) run a"
         " first round; each then"
         " repeats at its own period")
+    ingest_batch_max: int = Field(
+        default=32, ge=1, le=1000, description="most agent snapshots one serve process commits in one transaction:"
+        " the snapshots that arrive while one is written share the next (1: each alone)")
     # Health quarantine (docs/rules.md)
     health_self_clear_seconds: int = Field(
         default=300, ge=0, description="a quarantine for thermal/power slowdown lifts after the device reports this long without it")

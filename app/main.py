@@ -145,6 +145,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         app.state.engine = engine
         app.state.session_factory = session_factory or build_session_factory(engine)
         app.state.write_gates = weakref.WeakKeyDictionary() if engine.dialect.name == "sqlite" else None
+        app.state.snapshot_batchers = weakref.WeakKeyDictionary()  # per event loop: app.api.snapshot_batch
         from app.services.token_usage import TokenUsage
 
         app.state.token_usage = TokenUsage()

@@ -56,8 +56,19 @@ SNAPSHOTS = "/api/v1/agent/snapshots"
 RESERVATIONS = "/api/v1/reservations"
 
 
-async def _drive(app, requests: list[tuple[str, bytes]], statuses: list[int], path: str = SNAPSHOTS) -> None:
-    """POST each (token, body) to ``path`` of the ASGI app in turn, recording the status codes."""
+async def _drive(app, requests: list[tuple[str, bytes]], statuses: list[int], path: str = SNAPSHOTS,
+                 concurrency: int = 1) -> None:
+    """POST each (token, body) to ``path`` of the ASGI app, ``concurrency`` requests in flight
+    at a time (1: in turn), recording the status codes."""
+    if concurrency > 1:
+        queue = iter(requests)
+
+        async def client() -> None:
+            for one in queue:
+                await _drive(app, [one], statuses, path)
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return
     for token, body in requests:
         headers = [(b"host", b"bench"), (b"authorization", f"Bearer {token}".encode()),
                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -110,7 +121,7 @@ def _bookings(fleet, token: str, gpus: int, first: int, count: int) -> list[tupl
 
 
 def measure(kind: str, hosts: int, gpus: int, count: int, repeat: int, profile: str | None,
-            route: str = "snapshot") -> dict:
+            route: str = "snapshot", concurrency: int = 1) -> dict:
     """CPU ms per request (median over ``repeat`` rounds of ``count`` snapshots or bookings)
     on a fresh database."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -146,7 +157,7 @@ def measure(kind: str, hosts: int, gpus: int, count: int, repeat: int, profile: 
                         prof = cProfile.Profile()
                         prof.enable()
                     t = time.process_time()
-                    await _drive(app, reqs, statuses, path)
+                    await _drive(app, reqs, statuses, path, concurrency)
                     per.append((time.process_time() - t) / count * 1000)
                     if prof is not None:
                         prof.disable()
@@ -173,7 +184,7 @@ def _baseline(rev: str, args: argparse.Namespace, kind: str) -> dict:
         env = {**os.environ, "GPUROSTER_BENCH_CODE": tree}
         out = subprocess.run([sys.executable, __file__, "--db", kind, "--hosts", str(args.hosts), "--gpus", str(args.gpus),
                               "--count", str(args.count), "--repeat", str(args.repeat), "--route", args.route,
-                              "--baseline", "none", "--json"],
+                              "--concurrency", str(args.concurrency), "--baseline", "none", "--json"],
                              env=env, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
@@ -185,17 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--count", type=int, default=1000, help="snapshots (or bookings) per round")
     p.add_argument("--route", choices=("snapshot", "booking"), default="snapshot")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="requests in flight at once (agents posting together); 1: one at a time")
     p.add_argument("--repeat", type=int, default=5, help="rounds; the median is printed")
     p.add_argument("--baseline", default="HEAD", help="commit measured in the same run for the ratio; 'none' to skip")
     p.add_argument("--profile", default=None, help="write a cProfile of the last round to this file")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for kind in [k.strip() for k in args.db.split(",") if k.strip()]:
-        mine = measure(kind, args.hosts, args.gpus, args.count, args.repeat, args.profile, args.route)
+        mine = measure(kind, args.hosts, args.gpus, args.count, args.repeat, args.profile, args.route, args.concurrency)
         if args.json:
             print(json.dumps(mine))
             continue
-        line = (f"{kind}: service CPU per {args.route} {mine['ms']:.3f} ms (target <= {TARGET_MS:.1f} ms: "
+        line = (f"{kind}, {args.concurrency} in flight: service CPU per {args.route} {mine['ms']:.3f} ms (target <= {TARGET_MS:.1f} ms: "
                 f"{mine['ms'] / TARGET_MS:.2f}x of it); rounds " + ", ".join(f"{x:.3f}" for x in mine["rounds"]))
         if args.baseline != "none":
             base = _baseline(args.baseline, args, kind)

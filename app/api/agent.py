@@ -7,37 +7,20 @@ the worker thread pool, and that overhead was about as large as the ingest itsel
 body is validated from its raw bytes (:mod:`app.api.snapshot_body`) on the event loop, and
 everything that touches the database runs in one worker-thread call, in the order the
 generic route had: the SQLite write turn, the write session, the host token, then the
-snapshot's validation errors, the ingest, the commit, and the ack serialised to bytes.
+snapshot's validation errors, the ingest, the commit, and the ack serialised to bytes. The
+snapshots that arrive while one is being written share the next transaction
+(:mod:`app.api.snapshot_batch`).
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from starlette.concurrency import run_in_threadpool
 
-from agent.schema import Snapshot, SnapshotAck
+from agent.schema import SnapshotAck
 from app.routes import api_router
-from app.api import snapshot_body
-from app.api.deps import current_host
-from app.db import request_write_wait, transaction, write_turn
-from app.services import ingest
+from app.api import snapshot_batch, snapshot_body
 
 router = api_router("/agent", tags=["agent"])
-
-
-def _ingest(request: Request, snapshot: Snapshot | None, errors: list[dict]) -> bytes:
-    """The snapshot's ack as JSON bytes, committed; raises Unauthorized/Forbidden for the
-    token, RequestValidationError for ``errors`` (after authentication, as FastAPI would)."""
-    app = request.app
-    # committed when the block ends, before the answer: a failed commit is never hidden behind a 200
-    with transaction(app.state.session_factory, write=True) as session:
-        host = current_host(request, session)
-        if snapshot is None:
-            raise RequestValidationError(errors)
-        ack = ingest.ingest_snapshot(session, host=host, snap=snapshot, settings=app.state.settings)
-        body = ack.model_dump_json().encode()
-    return body
 
 
 @router.post("/snapshots", response_model=SnapshotAck, responses={401: {}, 403: {}, 413: {}, 422: {}},
@@ -50,9 +33,7 @@ async def post_snapshot(request: Request) -> Response:
     re-validating it against ``response_model`` on every snapshot cost more than the ingest.
     """
     snapshot, errors = snapshot_body.parse(await request.body(), request.headers.get("content-type"))
-    # SQLite: one write transaction at a time per process (app.api.deps._write_turn)
-    async with write_turn(request.app, wait=request_write_wait(request.app.state.settings)):
-        body = await run_in_threadpool(_ingest, request, snapshot, errors)
+    body = await snapshot_batch.batcher_for(request.app).ingest(request, snapshot, errors)
     return Response(content=body, media_type="application/json")
 
 

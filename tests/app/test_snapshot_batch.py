@@ -1,0 +1,176 @@
+"""Snapshots posted together share one transaction (group commit), and each still gets the
+answer it would get alone: its own ack, its own refusal, and, when something fails inside
+the batch, a retry alone, so one failing snapshot cannot take the others down.
+
+The requests are sent concurrently on the test client's own event loop: the first alone, and
+the others once its batch has started, which is held until they have all queued behind it,
+so the batches that follow are known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from app.api import snapshot_batch
+from app.models import Device, Host, HostSnapshot
+from app.services import ingest
+from tests.conftest import gpu, snapshot_body
+
+URL = "/api/v1/agent/snapshots"
+
+
+def _devices(k: int) -> list[dict]:
+    return [gpu(f"GPU-{k:04d}cccc-0000-0000-0000-00000000000{i}", i) for i in range(2)]
+
+
+class Batches(list):
+    """Each batch's hosts, in order; ``started`` is set when the first batch begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+
+
+def _batches(monkeypatch, app, expect_queued: int) -> Batches:
+    """Record each batch's hosts; the first batch waits (up to 10 s) until ``expect_queued``
+    snapshots have queued behind it."""
+    sizes = Batches()
+    real = snapshot_batch.ingest_batch
+
+    def recording(items):
+        if not sizes:
+            sizes.started.set()
+            batcher = next(iter(app.state.snapshot_batchers.values()))
+            deadline = time.monotonic() + 10
+            while batcher.waiting < expect_queued and time.monotonic() < deadline:
+                time.sleep(0.005)
+        sizes.append([i.snapshot.host if i.snapshot else "?" for i in items])
+        return real(items)
+
+    monkeypatch.setattr(snapshot_batch, "ingest_batch", recording)
+    return sizes
+
+
+def _post_together(client, app, batches: Batches, posts: list[tuple[str, dict | bytes]]) -> list[httpx.Response]:
+    """POST each (token, body) concurrently on the client's event loop, the first alone and the
+    rest once its batch has started; the answers in order."""
+
+    async def send() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as ac:
+            async def one(token, body):
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                return await ac.post(URL, content=content, headers={"Authorization": f"Bearer {token}",
+                                                                     "Content-Type": "application/json"})
+
+            first = asyncio.ensure_future(one(*posts[0]))
+            deadline = time.monotonic() + 10
+            while not batches.started.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.002)
+            rest = await asyncio.gather(*(one(t, b) for t, b in posts[1:]))
+            return [await first, *rest]
+
+    return client.portal.call(send)
+
+
+def _stored(session_factory) -> dict[str, int | None]:
+    with session_factory() as s:
+        return dict(s.execute(select(Host.name, Host.last_seq)).all())
+
+
+def test_snapshots_posted_together_share_one_transaction(client, app, make_host, session_factory, monkeypatch):
+    hosts = [make_host(f"node-{k:02d}") for k in range(6)]
+    sizes = _batches(monkeypatch, app, expect_queued=5)
+    answers = _post_together(client, app, sizes, [(h.token, snapshot_body(h.username, 7, _devices(k)))
+                                           for k, h in enumerate(hosts)])
+    assert [r.status_code for r in answers] == [200] * 6, [r.text for r in answers]
+    assert [len(b) for b in sizes] == [1, 5]
+    for r in answers:
+        ack = r.json()
+        assert (ack["accepted"], ack["seq"], ack["duplicate"]) == (True, 7, False)
+    assert _stored(session_factory) == {h.username: 7 for h in hosts}
+    with session_factory() as s:
+        owners = s.execute(select(Host.name, func.count(Device.id)).join(Device, Device.host_id == Host.id)
+                           .group_by(Host.name)).all()
+    assert dict(owners) == {h.username: 2 for h in hosts}  # each host's own devices, none crossed
+
+
+def test_refused_snapshots_in_a_batch_get_their_own_errors(client, app, make_host, session_factory, monkeypatch):
+    good = [make_host(f"node-{k:02d}") for k in range(3)]
+    other = make_host("node-09")
+    sizes = _batches(monkeypatch, app, expect_queued=5)
+    posts = [
+        (good[0].token, snapshot_body("node-00", 1, _devices(0))),
+        (good[1].token, snapshot_body("node-01", 1, _devices(1))),
+        ("gph_not-a-token-of-any-host", snapshot_body("node-05", 1, _devices(5))),  # unknown token: 401
+        (other.token, snapshot_body("node-02", 1, _devices(9))),  # another host's name: 403
+        (good[2].token, {**snapshot_body("node-02", 1, _devices(2)), "seq": -1}),  # invalid body: 422
+        (good[2].token, snapshot_body("node-02", 2, _devices(2))),
+    ]
+    answers = _post_together(client, app, sizes, posts)
+    assert [r.status_code for r in answers] == [200, 200, 401, 403, 422, 200], [r.text for r in answers]
+    assert answers[3].json()["field"] == "host"
+    assert answers[4].json()["errors"][0]["field"] == "seq"
+    # node-02's two posts share a token, so they went in different batches
+    assert [len(b) for b in sizes] == [1, 4, 1]
+    assert _stored(session_factory) == {"node-00": 1, "node-01": 1, "node-02": 2, "node-09": None}
+
+
+def test_a_failing_snapshot_is_retried_alone_and_fails_alone(client, app, make_host, session_factory, monkeypatch):
+    hosts = [make_host(f"node-{k:02d}") for k in range(5)]
+    real = ingest.ingest_snapshot
+
+    def failing(session, *, host, snap, settings, now=None):
+        ack = real(session, host=host, snap=snap, settings=settings, now=now)
+        if host.name == "node-03":  # after its writes: the batch must be rolled back
+            raise RuntimeError("disk full")
+        return ack
+
+    monkeypatch.setattr(ingest, "ingest_snapshot", failing)
+    sizes = _batches(monkeypatch, app, expect_queued=4)
+    answers = _post_together(client, app, sizes, [(h.token, snapshot_body(h.username, 3, _devices(k)))
+                                           for k, h in enumerate(hosts)])
+    assert [r.status_code for r in answers] == [200, 200, 200, 500, 200], [r.text for r in answers]
+    assert [len(b) for b in sizes] == [1, 4]
+    assert _stored(session_factory) == {"node-00": 3, "node-01": 3, "node-02": 3, "node-03": None, "node-04": 3}
+    with session_factory() as s:
+        claimed = s.scalars(select(Host.name).join(HostSnapshot, HostSnapshot.host_id == Host.id)).all()
+    assert sorted(claimed) == ["node-00", "node-01", "node-02", "node-04"]  # node-03's seq is free for its retry
+
+
+def test_batches_hold_at_most_the_configured_number(client, app, make_host, session_factory, monkeypatch):
+    app.state.settings = app.state.settings.model_copy(update={"ingest_batch_max": 3})
+    hosts = [make_host(f"node-{k:02d}") for k in range(8)]
+    sizes = _batches(monkeypatch, app, expect_queued=7)
+    answers = _post_together(client, app, sizes, [(h.token, snapshot_body(h.username, 1, _devices(k)))
+                                           for k, h in enumerate(hosts)])
+    assert [r.status_code for r in answers] == [200] * 8
+    assert [len(b) for b in sizes] == [1, 3, 3, 1]
+    assert _stored(session_factory) == {h.username: 1 for h in hosts}
+
+
+@pytest.mark.parametrize("order", ["forward", "backward"])
+def test_a_hosts_snapshots_queued_together_are_ingested_in_turn(client, app, make_host, session_factory,
+                                                                monkeypatch, order):
+    host = make_host("node-01")
+    other = make_host("node-02")
+    sizes = _batches(monkeypatch, app, expect_queued=3)
+    seqs = [1, 2, 3] if order == "forward" else [3, 2, 1]
+    posts = [(other.token, snapshot_body("node-02", 1, _devices(2)))]
+    posts += [(host.token, snapshot_body("node-01", s, _devices(1))) for s in seqs]
+    answers = _post_together(client, app, sizes, posts)
+    assert [r.status_code for r in answers] == [200] * 4
+    assert [r.json()["duplicate"] for r in answers] == [False] * 4
+    assert [len(b) for b in sizes] == [1, 1, 1, 1]
+    # every seq was stored once: the host's own queue is never merged into one transaction
+    with session_factory() as s:
+        stored = sorted(s.scalars(select(HostSnapshot.seq).join(Host, Host.id == HostSnapshot.host_id)
+                                  .where(Host.name == "node-01")).all())
+    assert stored == [1, 2, 3]
