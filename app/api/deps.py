@@ -110,14 +110,15 @@ async def admin_user(user: Annotated[User, Depends(current_user_write)]) -> User
     return user
 
 
-def current_host(request: Request, session: WriteSessionDep) -> Host:
-    """The host authenticated by its host token; raises Unauthorized/Forbidden."""
+def current_host(request: Request, session: WriteSessionDep, known: dict[str, Host] | None = None) -> Host:
+    """The host authenticated by its host token (``known``: hosts already read for a batch's
+    tokens, :func:`app.services.hosts.hosts_for_tokens`); raises Unauthorized/Forbidden."""
     token = bearer_token(request)
     if token is None:
         raise Unauthorized("send 'Authorization: Bearer <host token>'")
     if not token.startswith(HOST_TOKEN_PREFIX):
         raise Forbidden("this endpoint takes a host token")
-    return host_service.host_for_token(session, token)
+    return host_service.host_for_token(session, token, known)
 
 
 CurrentUser = Annotated[User, Depends(current_user)]

@@ -41,7 +41,7 @@ from app.db import WriteTurnBusy, request_write_wait, transaction, write_gate_fo
 from app.errors import Forbidden, Unauthorized
 from app.models import Host
 from app.services import hosts as host_service
-from app.services import ingest
+from app.services import ingest, ingest_state
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +60,24 @@ class Pending:
     started: bool = False
 
 
-def _authenticate(session: Any, item: Pending) -> Host:
+def _authenticate(session: Any, item: Pending, known: dict[str, Host] | None = None) -> Host:
     """The item's host, checked as a lone snapshot is checked and in the same order (token,
-    then body, then the token's host against the snapshot's); raises Unauthorized, Forbidden or
-    RequestValidationError. Reads only, so a refusal leaves the batch's transaction clean."""
-    host = current_host(item.request, session)
+    then body, then the token's host against the snapshot's); ``known``: the batch's hosts by
+    token. Raises Unauthorized, Forbidden or RequestValidationError. Reads only, so a refusal
+    leaves the batch's transaction clean."""
+    host = current_host(item.request, session, known)
     if item.snapshot is None:
         raise RequestValidationError(item.errors)
     host_service.require_same_host(host, item.snapshot.host)
     return host
 
 
-def _ack(session: Any, item: Pending, host: Host) -> bytes:
-    """Ingest the item's snapshot for ``host`` in ``session``; the ack as JSON bytes."""
+def _ack(session: Any, item: Pending, host: Host, prefetched: ingest_state.Prefetched | None = None) -> bytes:
+    """Ingest the item's snapshot for ``host`` in ``session`` (with the batch's ``prefetched``
+    rows); the ack as JSON bytes."""
     app = item.request.app
-    ack = ingest.ingest_snapshot(session, host=host, snap=item.snapshot, settings=app.state.settings)
+    ack = ingest.ingest_snapshot(session, host=host, snap=item.snapshot, settings=app.state.settings,
+                                 prefetched=prefetched)
     return ack.model_dump_json().encode()
 
 
@@ -105,16 +108,19 @@ def ingest_batch(items: list[Pending]) -> list[Outcome]:
     outcomes: list[Outcome] = [(False, None)] * len(items)
     try:
         with transaction(items[0].request.app.state.session_factory, write=True) as session:
+            known = host_service.hosts_for_tokens(session, [i.token for i in items if i.token])
             hosts: list[tuple[int, int, Host]] = []
             for i, item in enumerate(items):
                 try:
-                    host = _authenticate(session, item)
+                    host = _authenticate(session, item, known)
                 except (Unauthorized, Forbidden, RequestValidationError) as e:
                     outcomes[i] = (False, e)
                     continue
                 hosts.append((host.id, i, host))
-            for _, i, host in sorted(hosts, key=lambda h: h[0]):
-                outcomes[i] = (True, _ack(session, items[i], host))
+            hosts.sort(key=lambda h: h[0])
+            prefetched = ingest_state.prefetch(session, [(host.id, items[i].snapshot) for _, i, host in hosts])
+            for _, i, host in hosts:
+                outcomes[i] = (True, _ack(session, items[i], host, prefetched))
         return outcomes
     except Exception:  # noqa: BLE001 - every item is retried alone and gets its own answer
         log.warning("a batch of %d snapshots failed; ingesting each on its own", len(items), exc_info=True)

@@ -68,10 +68,23 @@ def get_host(session: Session, name: str) -> Host:
 _HOST_BY_TOKEN = select(Host).where(Host.token_hash == bindparam("token_hash"))
 
 
-def host_for_token(session: Session, plain: str) -> Host:
+_HOSTS_BY_TOKENS = select(Host).where(Host.token_hash.in_(bindparam("token_hashes", expanding=True)))
+
+
+def hosts_for_tokens(session: Session, plains: list[str]) -> dict[str, Host]:
+    """The hosts of the tokens ``plains``, in one statement (a batch of snapshots); a token of
+    no host is absent. Pass the answer to :func:`host_for_token` as ``known``."""
+    by_hash = {token_hash(p): p for p in plains}
+    if not by_hash:
+        return {}
+    return {by_hash[h.token_hash]: h for h in session.scalars(_HOSTS_BY_TOKENS, {"token_hashes": sorted(by_hash)})}
+
+
+def host_for_token(session: Session, plain: str, known: dict[str, Host] | None = None) -> Host:
     """The host whose token is ``plain`` (read from the database on every call, so a rotated
-    or deleted token is refused at once); raises Unauthorized (401)."""
-    host = session.scalar(_HOST_BY_TOKEN, {"token_hash": token_hash(plain)})
+    or deleted token is refused at once; ``known``: :func:`hosts_for_tokens`' answer, read in
+    this transaction, instead); raises Unauthorized (401)."""
+    host = known.get(plain) if known is not None else session.scalar(_HOST_BY_TOKEN, {"token_hash": token_hash(plain)})
     if host is None:
         raise Unauthorized("invalid host token")
     return host

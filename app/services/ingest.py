@@ -122,7 +122,8 @@ def _claim(session: Session, *, host: Host, snap: Snapshot, now: datetime) -> tu
     return False, None
 
 
-def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: Settings, now: datetime | None = None) -> SnapshotAck:
+def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: Settings, now: datetime | None = None,
+                    prefetched: ingest_state.Prefetched | None = None) -> SnapshotAck:
     """Store a snapshot of ``host`` and answer with its reservation table and policy.
 
     Idempotent by ``(host, agent_instance, seq)``: a replayed key changes nothing and answers
@@ -130,6 +131,8 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     under that key is a different one). A snapshot older than the host's latest (spool replay
     after an outage) adds its findings and rollups but does not overwrite the latest state.
     Devices registered to another host are refused for this snapshot.
+    ``prefetched``: the stored rows of the batch this snapshot is ingested in
+    (:func:`ingest_state.prefetch`), instead of reading its own.
     Raises Forbidden when ``snap.host`` is not the token's host.
     """
     now = now or utcnow()
@@ -145,9 +148,8 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         log.warning("host %s: clock trouble: %s; filed under its time of receipt", host.name, trouble)
         host_values.update(clock_trouble=trouble[:512], clock_trouble_at=now)
         at = now
-    uuids = [d.uuid for d in snap.devices] + [d.parent_uuid for d in snap.devices if d.parent_uuid]
-    stored = ingest_state.load_devices(
-        session, [*uuids, *(p.device_uuid for p in snap.processes), *(f.device_uuid for f in snap.findings)])
+    uuids = ingest_state.snapshot_uuids(snap)
+    stored = prefetched.devices_of(uuids) if prefetched else ingest_state.load_devices(session, uuids)
     if any(row[2] != host.id for row in stored):
         snap = device_claims.refuse_foreign_devices(session, host=host, snap=snap, now=now)
         stored = [row for row in stored if row[2] == host.id]
@@ -163,7 +165,8 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     is_latest = host.last_collected_at is None or at >= host.last_collected_at
     host_values["last_seen_at"] = now  # the agent is alive: staleness goes by receipt
     if is_latest:
-        ingest_state.store_latest(session, host, snap, devices, at, stored, touches)
+        ingest_state.store_latest(session, host, snap, devices, at, stored, touches,
+                                  prefetched.processes.get(host.id, []) if prefetched else None)
         host_values.update(
             last_seq=snap.seq, last_collected_at=at, interval_seconds=snap.interval_seconds,
             agent_version=snap.agent_version, driver_version=snap.driver_version, nvml_version=snap.nvml_version,

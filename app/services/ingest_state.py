@@ -70,6 +70,8 @@ _UPDATE_TELEMETRY = (update(_tel).where(_tel.c.device_id == bindparam("_id"))
 _TOUCH_TELEMETRY = (update(_tel).where(_tel.c.device_id.in_(bindparam("ids", expanding=True)))
                     .values(collected_at=bindparam("at")))
 _SELECT_PROCESSES = select(*(_proc.c[f] for f in PROCESS_FIELDS)).where(_proc.c.host_id == bindparam("host_id"))
+_SELECT_HOSTS_PROCESSES = (select(_proc.c.host_id, *(_proc.c[f] for f in PROCESS_FIELDS))
+                           .where(_proc.c.host_id.in_(bindparam("host_ids", expanding=True))))
 _DELETE_PROCESSES = delete(_proc).where(_proc.c.host_id == bindparam("host_id"))
 _INSERT_PROCESS = insert(_proc)
 _UPDATE_HOST = (update(_host).where(_host.c.id == bindparam("_id"))
@@ -133,6 +135,44 @@ def load_devices(session: Session, uuids: Iterable[str]) -> list[tuple]:
     return list(session.execute(_SELECT_DEVICES, {"uuids": wanted}).all())
 
 
+def snapshot_uuids(snap: Snapshot) -> set[str]:
+    """Every device UUID ``snap`` names: its devices, their MIG parents, and the devices of its
+    processes and findings (ingest reads the stored rows of exactly these)."""
+    return {*(d.uuid for d in snap.devices), *(d.parent_uuid for d in snap.devices if d.parent_uuid),
+            *(p.device_uuid for p in snap.processes), *(f.device_uuid for f in snap.findings)}
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetched:
+    """The stored rows a batch of snapshots needs, read in two statements for the whole batch
+    instead of two per snapshot: devices with telemetry by UUID (:func:`load_devices`' rows)
+    and each host's process rows (``host id -> rows``, :data:`PROCESS_FIELDS` order)."""
+
+    devices: dict[str, tuple]
+    processes: dict[int, list[tuple]]
+
+    def devices_of(self, uuids: Iterable[str]) -> list[tuple]:
+        """:func:`load_devices`' answer for ``uuids``, from the batch's rows."""
+        return [self.devices[u] for u in sorted(set(uuids)) if u in self.devices]
+
+
+def prefetch(session: Session, snaps: list[tuple[int, Snapshot]]) -> Prefetched | None:
+    """The stored rows for ``snaps`` (``(host id, snapshot)`` pairs of distinct hosts), or
+    ``None`` when two of them name the same device: one of those may register or move it, and
+    the other must then see that, so they read for themselves."""
+    seen: set[str] = set()
+    for _, snap in snaps:
+        uuids = snapshot_uuids(snap)
+        if not seen.isdisjoint(uuids):
+            return None
+        seen |= uuids
+    devices = {r[0]: r for r in load_devices(session, seen)}
+    processes: dict[int, list[tuple]] = {host_id: [] for host_id, _ in snaps}
+    for row in session.execute(_SELECT_HOSTS_PROCESSES, {"host_ids": sorted(processes)}):
+        processes[row[0]].append(tuple(row[1:]))
+    return Prefetched(devices, processes)
+
+
 def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tuple], now: datetime,
                    touches: Touches) -> dict[str, DeviceRef]:
     """Register the snapshot's devices to ``host``: new ones inserted (whole GPUs before their
@@ -168,10 +208,11 @@ def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tu
 
 
 def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, DeviceRef], at: datetime,
-                 stored: list[tuple], touches: Touches) -> None:
+                 stored: list[tuple], touches: Touches, processes: list[tuple] | None = None) -> None:
     """Latest telemetry (one row per device) and process list of ``host`` as of ``at`` (UTC):
     rows whose values changed are rewritten, the rest only get the new collection time (added
-    to ``touches``). ``stored`` is :func:`load_devices`' answer (it carries the stored telemetry)."""
+    to ``touches``). ``stored`` is :func:`load_devices`' answer (it carries the stored telemetry);
+    ``processes``, the host's stored process rows when already read (:class:`Prefetched`)."""
     touches.at = at
     ids = [devices[d.uuid].id for d in snap.devices]
     if ids:
@@ -197,7 +238,7 @@ def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str
         if dev is not None:
             procs.append((dev.id, p.pid, p.type, p.used_memory_mib, p.uid, p.unix_user, p.command, p.name, p.create_time,
                           p.container_id, p.owner_status))
-    had = [tuple(r) for r in session.execute(_SELECT_PROCESSES, {"host_id": host.id})]
+    had = processes if processes is not None else [tuple(r) for r in session.execute(_SELECT_PROCESSES, {"host_id": host.id})]
     if Counter(had) == Counter(procs):
         if procs:
             touches.processes_of = host.id

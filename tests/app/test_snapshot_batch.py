@@ -127,8 +127,8 @@ def test_a_failing_snapshot_is_retried_alone_and_fails_alone(client, app, make_h
     hosts = [make_host(f"node-{k:02d}") for k in range(5)]
     real = ingest.ingest_snapshot
 
-    def failing(session, *, host, snap, settings, now=None):
-        ack = real(session, host=host, snap=snap, settings=settings, now=now)
+    def failing(session, *, host, snap, **kw):
+        ack = real(session, host=host, snap=snap, **kw)
         if host.name == "node-03":  # after its writes: the batch must be rolled back
             raise RuntimeError("disk full")
         return ack
