@@ -174,3 +174,24 @@ def test_a_hosts_snapshots_queued_together_are_ingested_in_turn(client, app, mak
         stored = sorted(s.scalars(select(HostSnapshot.seq).join(Host, Host.id == HostSnapshot.host_id)
                                   .where(Host.name == "node-01")).all())
     assert stored == [1, 2, 3]
+
+
+def test_two_hosts_naming_one_new_device_in_a_batch(client, app, make_host, session_factory, monkeypatch, caplog):
+    """A new device two hosts report at once goes to one of them, the other's report of it is
+    refused as foreign, and the batch needs no retry: snapshots that share a device read their
+    own rows instead of the batch's, so the second sees the first's registration."""
+    first, a, b = make_host("node-00"), make_host("node-01"), make_host("node-02")
+    shared = gpu("GPU-5555dddd-0000-0000-0000-000000000000", 1)
+    sizes = _batches(monkeypatch, app, expect_queued=2)
+    answers = _post_together(client, app, sizes, [
+        (first.token, snapshot_body("node-00", 1, _devices(0))),
+        (a.token, snapshot_body("node-01", 1, [_devices(1)[0], shared])),
+        (b.token, snapshot_body("node-02", 1, [_devices(2)[0], shared])),
+    ])
+    assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
+    assert [len(x) for x in sizes] == [1, 2]
+    assert "ingesting each on its own" not in caplog.text
+    with session_factory() as s:
+        owners = s.execute(select(Host.name).join(Device, Device.host_id == Host.id)
+                           .where(Device.uuid == shared["uuid"])).scalars().all()
+    assert owners == ["node-01"]  # hosts are written in id order within a batch
