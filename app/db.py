@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
@@ -159,18 +160,36 @@ def advisory_xact_lock(session: Session, key: int) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 
 
+# Errors that mean the database could not be had: stopped, unreachable, every pooled connection
+# in use past the pool timeout, SQLite's lock held past the busy timeout (answered 503 busy).
+OUTAGE_ERRORS = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
+# PostgreSQL's conflicts between transactions: serialization failure, deadlock
+TRANSACTION_CONFLICTS = frozenset({"40001", "40P01"})
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error raised through SQLAlchemy (PostgreSQL), else ``None``."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, DBAPIError) else None
+    return getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
+
+
 def is_retryable(exc: BaseException) -> bool:
     """True for transient database errors worth retrying: SQLite busy/locked, PostgreSQL
     serialization failure (40001) or deadlock (40P01)."""
     if isinstance(exc, DBAPIError):
-        orig = exc.orig
-        code = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
-        if code in {"40001", "40P01"}:
+        if sqlstate(exc) in TRANSACTION_CONFLICTS:
             return True
         if isinstance(exc, OperationalError):
-            msg = str(orig).lower()
+            msg = str(exc.orig).lower()
             return "database is locked" in msg or "database is busy" in msg
     return False
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` says the database could not be had at all (:data:`OUTAGE_ERRORS`),
+    not that this transaction lost a conflict with another (:data:`TRANSACTION_CONFLICTS`):
+    a next transaction started at once would meet the same."""
+    return isinstance(exc, OUTAGE_ERRORS) and sqlstate(exc) not in TRANSACTION_CONFLICTS
 
 
 @contextmanager

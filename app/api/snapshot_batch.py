@@ -4,31 +4,43 @@ written are ingested together in the next one.
 Per snapshot, the transaction itself was a large share of the service's work: taking a
 connection from the pool (on PostgreSQL with its pre-ping round trip), ``BEGIN`` (on SQLite
 ``BEGIN IMMEDIATE``, the write lock), ``COMMIT``, and two hand-offs to the worker thread pool.
-A batch pays these once. A snapshot that arrives alone is a batch of one, ingested at once, so
-an idle service answers as fast as before; under load the queue that forms while a batch is
-written becomes the next batch.
+A batch pays these once, and reads the hosts' tokens, devices and process lists in three
+statements for all of its snapshots. A snapshot that arrives alone is a batch of one,
+ingested at once, so an idle service answers as fast as before; under load the queue that
+forms while a batch is written becomes the next batch. One process writes its snapshots one
+batch at a time, on one connection, on PostgreSQL too.
 
-Each snapshot's answer is what it would get alone:
+Each snapshot gets its own answer:
 
 - A snapshot whose host token is refused, whose body is invalid or whose host is not the
   token's host is answered with its own error; the others go on. Those checks only read.
-- Any other error (a database error, the commit failing) rolls the whole batch back, and each
-  of its snapshots is then ingested in a transaction of its own, exactly as a lone snapshot,
-  so each gets its own answer and a failing one cannot take the others down with it.
+- When the database cannot be had (unreachable, every pooled connection in use past the pool
+  timeout, SQLite's lock held past the busy timeout), every snapshot of the batch is answered
+  503, as each would be alone, and nothing is written.
+- Any other error (a conflict with another process's transaction, the commit failing, a
+  defect) rolls the whole batch back, and each of its snapshots is then ingested in a
+  transaction of its own, as a lone snapshot, so a failing one cannot take the others down.
 - A batch holds at most one snapshot per host token (a host's next snapshot waits for the
-  next batch), so every snapshot sees its host as the previous one left it.
-- Within a batch, hosts are written in the order of their ids, so two batches (of two serve
-  processes on one PostgreSQL) take their row locks in the same order.
+  next batch), so every snapshot sees its host as the previous one left it; and no two
+  snapshots that name a common device, so a device new to the service is registered to the
+  host whose snapshot came first, as when each is ingested alone.
+- Within a batch, hosts are written in the order of their ids, so two processes' batches
+  mostly take their row locks in one order. Not always: a snapshot re-sent to the other
+  process while the first is still writing it shares its claim with that process's batch. If
+  PostgreSQL then finds a deadlock, it aborts one transaction: a batch is retried snapshot by
+  snapshot, a lone snapshot is answered 503 and the agent sends it again.
 
-On SQLite a snapshot queues at most the busy timeout for its batch to start, as for any
-write turn: past it, it is answered 503 busy, with nothing written.
+A queued snapshot waits for its batch to start at most as long as a request waits for the
+database elsewhere (SQLite: the busy timeout, for the write turn; PostgreSQL: the pool
+timeout, for a connection); past it, it is answered 503 busy, with nothing written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -37,7 +49,7 @@ from starlette.concurrency import run_in_threadpool
 
 from agent.schema import Snapshot
 from app.api.deps import bearer_token, current_host
-from app.db import WriteTurnBusy, request_write_wait, transaction, write_gate_for, write_turn
+from app.db import WriteTurnBusy, database_unavailable, request_write_wait, transaction, write_gate_for, write_turn
 from app.errors import Forbidden, Unauthorized
 from app.models import Host
 from app.services import hosts as host_service
@@ -57,6 +69,7 @@ class Pending:
     errors: list[dict]
     done: asyncio.Future[bytes]
     token: str | None = None
+    uuids: set[str] = field(default_factory=set)  # the devices the snapshot names
     started: bool = False
 
 
@@ -92,19 +105,37 @@ def ingest_alone(item: Pending) -> bytes:
 Outcome = tuple[bool, Any]  # (True, ack bytes) or (False, the exception to raise)
 
 
-def _alone(item: Pending) -> Outcome:
+def _each(exc: Exception) -> Exception:
+    """A copy of ``exc`` for one more request to raise (each request's traceback is its own)."""
     try:
-        return True, ingest_alone(item)
-    except Exception as e:  # noqa: BLE001 - handed to the request, which raises it
-        return False, e
+        return copy.copy(exc)
+    except Exception:  # noqa: BLE001 - an exception that cannot be copied is shared
+        return exc
+
+
+def _each_alone(items: list[Pending]) -> list[Outcome]:
+    """Each item ingested alone, in order; once one finds the database unavailable, the rest
+    get the same answer without waiting for it again."""
+    out: list[Outcome] = []
+    for n, item in enumerate(items):
+        try:
+            out.append((True, ingest_alone(item)))
+        except Exception as e:  # noqa: BLE001 - handed to the request, which raises it
+            out.append((False, e))
+            if database_unavailable(e):
+                out.extend((False, _each(e)) for _ in items[n + 1:])
+                break
+    return out
 
 
 def ingest_batch(items: list[Pending]) -> list[Outcome]:
-    """Ingest ``items`` (distinct host tokens) in one transaction; each item's outcome, in
-    order. Refused items get their error and write nothing; if anything else fails, the batch
-    is rolled back and each item ingested alone (:func:`ingest_alone`). Never raises."""
+    """Ingest ``items`` (distinct host tokens, no device named by two of them) in one
+    transaction; each item's outcome, in order. Refused items get their error and write
+    nothing; if the database cannot be had, every item gets that error; if anything else
+    fails, the batch is rolled back and each item ingested alone (:func:`ingest_alone`).
+    Raises nothing but what is not an ``Exception`` (cancellation, exit)."""
     if len(items) == 1:
-        return [_alone(items[0])]
+        return _each_alone(items)
     outcomes: list[Outcome] = [(False, None)] * len(items)
     try:
         with transaction(items[0].request.app.state.session_factory, write=True) as session:
@@ -122,9 +153,11 @@ def ingest_batch(items: list[Pending]) -> list[Outcome]:
             for _, i, host in hosts:
                 outcomes[i] = (True, _ack(session, items[i], host, prefetched))
         return outcomes
-    except Exception:  # noqa: BLE001 - every item is retried alone and gets its own answer
+    except Exception as e:  # noqa: BLE001 - every item gets an answer of its own
+        if database_unavailable(e):
+            return [(False, _each(e)) for _ in items]
         log.warning("a batch of %d snapshots failed; ingesting each on its own", len(items), exc_info=True)
-        return [_alone(item) for item in items]
+        return _each_alone(items)
 
 
 class SnapshotBatcher:
@@ -142,45 +175,58 @@ class SnapshotBatcher:
         """Snapshots queued for a batch that has not started."""
         return len(self._queue)
 
+    def _start_wait(self) -> float:
+        """Seconds a snapshot may queue for its batch to start: what a request waits for the
+        database elsewhere (SQLite: its write turn, the busy timeout; PostgreSQL: a pooled
+        connection, the pool timeout)."""
+        settings = self._app.state.settings
+        return request_write_wait(settings) if write_gate_for(self._app) is not None else settings.db_pool_timeout_seconds
+
     async def ingest(self, request: Request, snapshot: Snapshot | None, errors: list[dict]) -> bytes:
         """The ack (JSON bytes) for this snapshot, once its batch is committed; raises its
         error (Unauthorized, Forbidden, RequestValidationError, a database error), or
-        :class:`WriteTurnBusy` on SQLite when its batch did not start within the busy timeout
+        :class:`WriteTurnBusy` when its batch did not start within :meth:`_start_wait`
         (nothing written)."""
         loop = asyncio.get_running_loop()
-        item = Pending(request, snapshot, errors, loop.create_future(), bearer_token(request))
+        item = Pending(request, snapshot, errors, loop.create_future(), bearer_token(request),
+                       ingest_state.snapshot_uuids(snapshot) if snapshot is not None else set())
         self._queue.append(item)
-        if self._drainer is None or self._drainer.done():
+        if self._drainer is None:
             self._drainer = loop.create_task(self._drain())
-        expiry = None
-        if write_gate_for(self._app) is not None:  # SQLite: bounded like any write turn
-            expiry = loop.call_later(request_write_wait(self._app.state.settings), self._expire, item)
+        expiry = loop.call_later(self._start_wait(), self._expire, item)
         try:
             return await item.done
         except asyncio.CancelledError:
-            if not item.started:  # the client left before its batch began: nothing is written
-                self._queue.remove(item)
+            self._unqueue(item)  # the client left before its batch began: nothing is written
             raise
         finally:
-            if expiry is not None:
-                expiry.cancel()
+            expiry.cancel()
+
+    def _unqueue(self, item: Pending) -> bool:
+        """Take ``item`` out of the queue if its batch has not started; whether it was there."""
+        if item.started or item not in self._queue:
+            return False
+        self._queue.remove(item)
+        return True
 
     def _expire(self, item: Pending) -> None:
         """The item's wait for its batch is over: answered 503 busy unless its batch began."""
-        if item.started or item.done.done():
+        if item.done.done() or not self._unqueue(item):
             return
-        self._queue.remove(item)
-        wait = request_write_wait(self._app.state.settings)
-        item.done.set_exception(WriteTurnBusy(f"no write turn within {wait:g} s: other writes hold the database"))
+        item.done.set_exception(WriteTurnBusy(f"no write turn within {self._start_wait():g} s: other writes hold "
+                                              "the database"))
 
     def _take(self) -> list[Pending]:
-        """The next batch: queued items in arrival order, one per host token."""
+        """The next batch: queued items in arrival order, one per host token, none naming a
+        device an earlier one in the batch names."""
         batch: list[Pending] = []
         tokens: set[str | None] = set()
+        named: set[str] = set()
         rest: list[Pending] = []
         for item in self._queue:
-            if len(batch) < self._max and (item.token is None or item.token not in tokens):
+            if len(batch) < self._max and item.token not in tokens and named.isdisjoint(item.uuids):
                 tokens.add(item.token)
+                named |= item.uuids
                 item.started = True
                 batch.append(item)
             else:
@@ -189,26 +235,30 @@ class SnapshotBatcher:
         return batch
 
     async def _drain(self) -> None:
-        while self._queue:
-            batch: list[Pending] = []
-            try:
+        batch: list[Pending] = []
+        try:
+            while self._queue:
                 async with write_turn(self._app, wait=None):
                     batch = self._take()
                     if not batch:
                         continue
-                    outcomes = await run_in_threadpool(ingest_batch, batch)
-            except BaseException as e:  # the loop is closing: nobody is left to answer
-                for item in batch:
+                    try:
+                        outcomes = await run_in_threadpool(ingest_batch, batch)
+                    except Exception as e:  # noqa: BLE001 - a defect: ingest_batch answers every item itself
+                        log.exception("ingesting a batch of %d snapshots failed", len(batch))
+                        outcomes = [(False, _each(e)) for _ in batch]
+                for item, (ok, value) in zip(batch, outcomes):
                     if not item.done.done():
-                        item.done.set_exception(e if isinstance(e, Exception) else RuntimeError("shutting down"))
-                raise
-            for item, (ok, value) in zip(batch, outcomes):
-                if item.done.done():
-                    continue
-                if ok:
-                    item.done.set_result(value)
-                else:
-                    item.done.set_exception(value)
+                        item.done.set_result(value) if ok else item.done.set_exception(value)
+                batch = []
+        except BaseException:  # cancelled (the event loop is closing): nobody will write the rest
+            for item in [*batch, *self._queue]:
+                if not item.done.done():
+                    item.done.set_exception(RuntimeError("the service stopped before this snapshot was written"))
+            self._queue.clear()
+            raise
+        finally:
+            self._drainer = None  # a finished task keeps its event loop alive: let both go
 
 
 def batcher_for(app: Any) -> SnapshotBatcher:

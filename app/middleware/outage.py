@@ -18,14 +18,14 @@ import weakref
 
 from fastapi import FastAPI, Request
 from sqlalchemy import event
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from app.db import OUTAGE_ERRORS
 from app.problems import busy_response, problem_response
 
 log = logging.getLogger("gpuroster.db")
 
-OUTAGE_ERRORS = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 
 
 class OutageLog:

@@ -156,17 +156,14 @@ class Prefetched:
         return [self.devices[u] for u in sorted(set(uuids)) if u in self.devices]
 
 
-def prefetch(session: Session, snaps: list[tuple[int, Snapshot]]) -> Prefetched | None:
-    """The stored rows for ``snaps`` (``(host id, snapshot)`` pairs of distinct hosts), or
-    ``None`` when two of them name the same device: one of those may register or move it, and
-    the other must then see that, so they read for themselves."""
-    seen: set[str] = set()
-    for _, snap in snaps:
-        uuids = snapshot_uuids(snap)
-        if not seen.isdisjoint(uuids):
-            return None
-        seen |= uuids
-    devices = {r[0]: r for r in load_devices(session, seen)}
+def prefetch(session: Session, snaps: list[tuple[int, Snapshot]]) -> Prefetched:
+    """The stored rows for ``snaps``: ``(host id, snapshot)`` pairs of distinct hosts that
+    name no common device (a batch holds no two such, :mod:`app.api.snapshot_batch`), so no
+    snapshot's ingest changes the rows read here for another."""
+    if not snaps:
+        return Prefetched({}, {})
+    named = set().union(*(snapshot_uuids(snap) for _, snap in snaps))
+    devices = {r[0]: r for r in load_devices(session, named)}
     processes: dict[int, list[tuple]] = {host_id: [] for host_id, _ in snaps}
     for row in session.execute(_SELECT_HOSTS_PROCESSES, {"host_ids": sorted(processes)}):
         processes[row[0]].append(tuple(row[1:]))

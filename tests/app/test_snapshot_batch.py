@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 
 from app.api import snapshot_batch
 from app.models import Device, Host, HostSnapshot
-from app.services import ingest
+from app.services import ingest, ingest_state
 from tests.conftest import gpu, snapshot_body
 
 URL = "/api/v1/agent/snapshots"
@@ -176,22 +176,113 @@ def test_a_hosts_snapshots_queued_together_are_ingested_in_turn(client, app, mak
     assert stored == [1, 2, 3]
 
 
-def test_two_hosts_naming_one_new_device_in_a_batch(client, app, make_host, session_factory, monkeypatch, caplog):
-    """A new device two hosts report at once goes to one of them, the other's report of it is
-    refused as foreign, and the batch needs no retry: snapshots that share a device read their
-    own rows instead of the batch's, so the second sees the first's registration."""
+def test_two_hosts_naming_one_new_device_are_not_batched_together(client, app, make_host, session_factory,
+                                                                     monkeypatch, caplog):
+    """A new device two hosts report at once goes to the host whose snapshot came first, as
+    when each is ingested alone: snapshots that name a common device go in separate batches
+    (so neither reads rows the other is changing), and no batch needs a retry."""
     first, a, b = make_host("node-00"), make_host("node-01"), make_host("node-02")
     shared = gpu("GPU-5555dddd-0000-0000-0000-000000000000", 1)
     sizes = _batches(monkeypatch, app, expect_queued=2)
     answers = _post_together(client, app, sizes, [
         (first.token, snapshot_body("node-00", 1, _devices(0))),
-        (a.token, snapshot_body("node-01", 1, [_devices(1)[0], shared])),
         (b.token, snapshot_body("node-02", 1, [_devices(2)[0], shared])),
+        (a.token, snapshot_body("node-01", 1, [_devices(1)[0], shared])),
     ])
     assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
-    assert [len(x) for x in sizes] == [1, 2]
+    assert sizes == [["node-00"], ["node-02"], ["node-01"]]
     assert "ingesting each on its own" not in caplog.text
     with session_factory() as s:
         owners = s.execute(select(Host.name).join(Device, Device.host_id == Host.id)
                            .where(Device.uuid == shared["uuid"])).scalars().all()
-    assert owners == ["node-01"]  # hosts are written in id order within a batch
+    assert owners == ["node-02"]  # first come, though node-01 has the lower id
+
+
+def test_a_database_that_cannot_be_had_answers_the_whole_batch_at_once(client, app, make_host, session_factory,
+                                                                       monkeypatch):
+    """The database lost in the middle of a batch: every snapshot of it is answered 503 (the
+    agents send them again), none is written, and none is tried again alone, which would make
+    each wait for the database in turn while the others wait for their answers."""
+    from sqlalchemy.exc import OperationalError
+
+    hosts = [make_host(f"node-{k:02d}") for k in range(4)]
+    real = ingest_state.prefetch
+
+    def lost(session, snaps):
+        if len(snaps) > 1:
+            raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+        return real(session, snaps)
+
+    alone = []
+    real_alone = snapshot_batch.ingest_alone
+    monkeypatch.setattr(ingest_state, "prefetch", lost)
+    monkeypatch.setattr(snapshot_batch, "ingest_alone", lambda item: alone.append(item) or real_alone(item))
+    sizes = _batches(monkeypatch, app, expect_queued=3)
+    answers = _post_together(client, app, sizes, [(h.token, snapshot_body(h.username, 1, _devices(k)))
+                                                  for k, h in enumerate(hosts)])
+    assert [r.status_code for r in answers] == [200, 503, 503, 503], [r.text for r in answers]
+    assert {r.json()["type"] for r in answers[1:]} == {"/problems/database-unavailable"}
+    assert all(r.headers["retry-after"] for r in answers[1:])
+    assert [len(b) for b in sizes] == [1, 3]
+    assert len(alone) == 1  # only the first snapshot, a batch of one
+    assert _stored(session_factory) == {"node-00": 1, "node-01": None, "node-02": None, "node-03": None}
+
+
+def test_a_snapshot_waits_for_its_batch_at_most_the_database_wait(client, app, make_host, session_factory,
+                                                                  monkeypatch):
+    """Queued behind a batch that takes too long, a snapshot is answered 503 busy after the
+    wait a request gets for the database (SQLite: the busy timeout; PostgreSQL: the pool
+    timeout), with nothing written; the batch ahead of it still lands."""
+    app.state.settings = app.state.settings.model_copy(update={"sqlite_busy_timeout_ms": 300,
+                                                               "db_pool_timeout_seconds": 0.3})
+    hosts = [make_host(f"node-{k:02d}") for k in range(3)]
+    sizes = _batches(monkeypatch, app, expect_queued=0)
+    real = snapshot_batch.ingest_batch
+
+    def slow(items):
+        sizes.started.set()  # the others are sent now, and queue behind this batch
+        time.sleep(1.0)  # their waits run out meanwhile
+        return real(items)
+
+    monkeypatch.setattr(snapshot_batch, "ingest_batch", slow)
+    t0 = time.monotonic()
+    answers = _post_together(client, app, sizes, [(h.token, snapshot_body(h.username, 1, _devices(k)))
+                                                  for k, h in enumerate(hosts)])
+    assert [r.status_code for r in answers] == [200, 503, 503], [r.text for r in answers]
+    assert {r.json()["type"] for r in answers[1:]} == {"/problems/busy"}
+    assert time.monotonic() - t0 < 10
+    assert [len(b) for b in sizes] == [1]  # the two expired before a batch took them
+    assert _stored(session_factory) == {"node-00": 1, "node-01": None, "node-02": None}
+    batcher = next(iter(app.state.snapshot_batchers.values()))
+    assert batcher.waiting == 0 and batcher._drainer is None  # nothing left behind holding the loop
+
+
+def test_a_wait_that_runs_out_as_its_client_leaves():
+    """The expiry and the client's leaving in one step of the event loop: the request ends
+    cancelled (not with an error of the queue's), and the queue is empty."""
+    from types import SimpleNamespace
+
+    from app.config import Settings
+
+    app = SimpleNamespace(state=SimpleNamespace(settings=Settings(environment="test"), write_gates=None))
+
+    async def scenario():
+        batcher = snapshot_batch.SnapshotBatcher(app, 4)
+        hold = asyncio.Event()
+
+        async def drain_later():
+            await hold.wait()
+
+        batcher._drain = drain_later
+        request = SimpleNamespace(headers={"authorization": "Bearer gph_x"})
+        task = asyncio.ensure_future(batcher.ingest(request, None, []))
+        await asyncio.sleep(0)
+        (item,) = batcher._queue
+        batcher._expire(item)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        hold.set()
+        return batcher.waiting
+
+    assert asyncio.run(scenario()) == 0
