@@ -51,7 +51,7 @@ from agent.schema import Snapshot
 from app.api.deps import bearer_token, current_host
 from app.db import WriteTurnBusy, database_unavailable, request_write_wait, transaction, write_gate_for, write_turn
 from app.errors import Forbidden, Unauthorized
-from app.models import Host
+from app.models import Host, utcnow
 from app.services import hosts as host_service
 from app.services import ingest, ingest_state
 
@@ -149,7 +149,7 @@ def ingest_batch(items: list[Pending]) -> list[Outcome]:
                     continue
                 hosts.append((host.id, i, host))
             hosts.sort(key=lambda h: h[0])
-            prefetched = ingest_state.prefetch(session, [(host.id, items[i].snapshot) for _, i, host in hosts])
+            prefetched = ingest_state.prefetch(session, [(host.id, items[i].snapshot) for _, i, host in hosts], utcnow())
             for _, i, host in hosts:
                 outcomes[i] = (True, _ack(session, items[i], host, prefetched))
         return outcomes

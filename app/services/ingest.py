@@ -139,7 +139,8 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     host_service.require_same_host(host, snap.host)
     claimed, conflict = _claim(session, host=host, snap=snap, now=now)
     if not claimed:
-        return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now, conflict=conflict)
+        return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now, conflict=conflict,
+                         rows=prefetched.acks[host.id] if prefetched else None)
 
     trouble = clock_trouble(snap, now=now, settings=settings)
     at = snap.collected_at
@@ -184,7 +185,8 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
             checkin.mark_checked_in(session, host_id=host.id, at=at)  # one UPDATE, none already checked in
     _rollup(session, snap, devices, at)
     findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
-    return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now)
+    return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now,
+                     rows=prefetched.acks[host.id] if prefetched else None)
 
 
 def prune(session: Session, *, settings: Settings, now: datetime | None = None) -> None:

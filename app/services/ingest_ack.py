@@ -10,6 +10,7 @@ a change made by another process is seen on the next snapshot.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, bindparam, literal_column, null, or_, select, union_all
@@ -31,24 +32,31 @@ _CACHE_MAX = 20_000
 _R, _U, _D = Reservation.__table__, User.__table__, Device.__table__
 _RD, _RS, _GM = ReservationDevice.__table__, ReservationShare.__table__, GroupMember.__table__
 _r, _u, _d, _rd, _rs, _gm = _R.c, _U.c, _D.c, _RD.c, _RS.c, _GM.c
-_TABLE_ROWS = (
-    select(_r.id, _r.start_at, _r.end_at, _u.username, _u.unix_name, _d.uuid, _u.unix_uid)
-    .join(_U, _u.id == _r.user_id)
-    .join(_RD, _rd.reservation_id == _r.id)
-    .join(_D, _d.id == _rd.device_id)
-    .where(
-        _r.host_id == bindparam("host_id"),
-        _r.status != "cancelled",
-        _r.end_at > bindparam("after"),
-        _r.start_at < bindparam("before"),
-        # a device released before the rest of its reservation is no longer the holder's
-        or_(_rd.end_at >= _r.end_at, _rd.end_at > bindparam("now")),
-        # implied by the two above ("after" is before "now"), but it lets the planner reach the
-        # reserved devices by ix_reservation_devices_end_at, never by scanning their history
-        _rd.end_at > bindparam("after"),
+
+
+def _table_rows(host_match):  # noqa: ANN001, ANN202 - a clause on reservations.host_id
+    """The table rows of the hosts ``host_match`` selects: reservation id, start, end, holder's
+    username, unix_name, device uuid, holder's uid."""
+    return (
+        select(_r.id, _r.start_at, _r.end_at, _u.username, _u.unix_name, _d.uuid, _u.unix_uid)
+        .join(_U, _u.id == _r.user_id)
+        .join(_RD, _rd.reservation_id == _r.id)
+        .join(_D, _d.id == _rd.device_id)
+        .where(
+            host_match,
+            _r.status != "cancelled",
+            _r.end_at > bindparam("after"),
+            _r.start_at < bindparam("before"),
+            # a device released before the rest of its reservation is no longer the holder's
+            or_(_rd.end_at >= _r.end_at, _rd.end_at > bindparam("now")),
+            # implied by the two above ("after" is before "now"), but it lets the planner reach the
+            # reserved devices by ix_reservation_devices_end_at, never by scanning their history
+            _rd.end_at > bindparam("after"),
+        )
     )
-    .order_by(_r.start_at, _r.id, _d.index)
-)
+
+
+_TABLE_ROWS = _table_rows(_r.host_id == bindparam("host_id")).order_by(_r.start_at, _r.id, _d.index)
 _SHARE_ROWS = union_all(
     select(_rs.reservation_id, _u.unix_name, _u.unix_uid)
     .join(_U, _u.id == _rs.user_id)
@@ -62,17 +70,66 @@ _UID_ROWS = select(_u.unix_uid, _u.unix_name).where(and_(_u.unix_uid.is_not(None
 _OPEN_DEVICES = select(_d.uuid).where(_d.host_id == bindparam("host_id"), _d.is_open.is_(True))
 # What every ack reads, in one statement (two round trips less per snapshot): the table rows
 # (kind 0, in _TABLE_ROWS' order), the host's open devices (kind 1: uuid) and the uid table
-# (kind 2: unix_name, unix_uid), each branch padded with NULLs to _TABLE_ROWS' columns.
+# (kind 2: unix_name, unix_uid), each branch padded with NULLs to _TABLE_ROWS' columns, then
+# the row's host id (NULL for the uid table, which every host gets).
 _N = null()
-_ACK_ROWS = union_all(
-    _TABLE_ROWS.order_by(None).add_columns(_d.index.label("ord"), literal_column("0").label("kind")),
-    select(_N, _N, _N, _N, _N, _d.uuid, _N, _N, literal_column("1"))
-    .where(_d.host_id == bindparam("host_id"), _d.is_open.is_(True)),
-    select(_N, _N, _N, _N, _u.unix_name, _N, _u.unix_uid, _N, literal_column("2"))
-    .where(and_(_u.unix_uid.is_not(None), _u.active.is_(True))),
-)
-# by position (kind, start_at, id, ord): SQLite matches a compound's ORDER BY names only to aliases
-_ACK_ROWS = _ACK_ROWS.order_by(*(literal_column(str(n)) for n in (9, 2, 1, 8)))
+
+
+def _ack_rows(one: bool):  # noqa: ANN202
+    """The ack statement for one host (``:host_id``) or for a batch's hosts (``:host_ids``)."""
+    def match(column):  # noqa: ANN001, ANN202
+        return column == bindparam("host_id") if one else column.in_(bindparam("host_ids", expanding=True))
+
+    rows = union_all(
+        _table_rows(match(_r.host_id)).add_columns(_d.index.label("ord"), literal_column("0").label("kind"),
+                                                   _r.host_id),
+        select(_N, _N, _N, _N, _N, _d.uuid, _N, _N, literal_column("1"), _d.host_id)
+        .where(match(_d.host_id), _d.is_open.is_(True)),
+        select(_N, _N, _N, _N, _u.unix_name, _N, _u.unix_uid, _N, literal_column("2"), _N)
+        .where(and_(_u.unix_uid.is_not(None), _u.active.is_(True))),
+    )
+    # by position (kind, start_at, id, ord): SQLite matches a compound's ORDER BY names only to aliases
+    return rows.order_by(*(literal_column(str(n)) for n in (9, 2, 1, 8)))
+
+
+_ACK_ROWS, _BATCH_ACK_ROWS = _ack_rows(True), _ack_rows(False)
+
+
+@dataclass(slots=True)
+class AckRows:
+    """What one host's ack is built from: its table rows (``_TABLE_ROWS``' columns), its open
+    devices' UUIDs and the uid table's ``(unix_uid, unix_name)`` rows."""
+
+    table: list[tuple] = field(default_factory=list)
+    open_devices: list[str] = field(default_factory=list)
+    uids: list[tuple] = field(default_factory=list)
+
+
+def _split(rows, host_ids: list[int]) -> dict[int, AckRows]:  # noqa: ANN001
+    """``_ack_rows``' answer by host (each host gets the one uid table)."""
+    out = {h: AckRows() for h in host_ids}
+    uids: list[tuple] = []
+    for row in rows:
+        kind = row[8]
+        if kind == 0:
+            out[row[9]].table.append(row[:7])
+        elif kind == 1:
+            out[row[9]].open_devices.append(row[5])
+        else:
+            uids.append((row[6], row[4]))
+    for acks in out.values():
+        acks.uids = uids
+    return out
+
+
+def batch_ack_rows(session: Session, host_ids: list[int], now: datetime) -> dict[int, AckRows]:
+    """The ack rows of several hosts at ``now`` (UTC), in one statement (a batch of snapshots;
+    ingest writes none of the rows they come from, so they may be read before its writes)."""
+    if not host_ids:
+        return {}
+    params = {"host_ids": sorted(host_ids), "after": now - TABLE_BEHIND, "before": now + TABLE_AHEAD, "now": now}
+    return _split(session.execute(_BATCH_ACK_ROWS, params).tuples(), host_ids)
+
 
 _lock = threading.Lock()
 _tables: dict[int, tuple[tuple, list[ReservationEntry]]] = {}
@@ -168,21 +225,13 @@ def uid_table(session: Session, rows: tuple | None = None) -> dict[int, str]:
 
 
 def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settings: Settings, now: datetime,
-              conflict: str | None = None) -> SnapshotAck:
+              conflict: str | None = None, rows: AckRows | None = None) -> SnapshotAck:
     """The answer to snapshot ``seq`` of ``host`` at ``now`` (UTC): accepted, whether it was a
     duplicate (``conflict`` says why a reused seq was another snapshot), server time, policy,
-    reservation table, open devices, uid table and the booking page's address."""
-    table: list[tuple] = []
-    open_devices: list[str] = []
-    uids: list[tuple] = []
-    for row in session.execute(_ACK_ROWS, _window(host, now)).tuples():
-        kind = row[8]
-        if kind == 0:
-            table.append(row[:7])
-        elif kind == 1:
-            open_devices.append(row[5])
-        else:
-            uids.append((row[6], row[4]))
+    reservation table, open devices, uid table and the booking page's address. ``rows``: the
+    host's ack rows when already read for a batch (:func:`batch_ack_rows`)."""
+    if rows is None:
+        rows = _split(session.execute(_ACK_ROWS, _window(host, now)).tuples(), [host.id])[host.id]
     return SnapshotAck.model_construct(
         accepted=True,
         duplicate=duplicate,
@@ -190,8 +239,8 @@ def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settin
         seq=seq,
         server_time=now,
         policy=host_policy(host),
-        reservations=reservation_table(session, host=host, now=now, rows=tuple(table)),
-        open_devices=open_devices,
-        unix_uids=uid_table(session, tuple(uids)),
+        reservations=reservation_table(session, host=host, now=now, rows=tuple(rows.table)),
+        open_devices=rows.open_devices,
+        unix_uids=uid_table(session, tuple(rows.uids)),
         booking_url=settings.base_url.rstrip("/") + "/book",
     )

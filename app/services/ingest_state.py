@@ -29,6 +29,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from agent.schema import Snapshot
 from app.db import is_sqlite
 from app.models import Device, DeviceProcess, DeviceTelemetry, Host
+from app.services import ingest_ack
 
 TELEMETRY_FIELDS = (
     "memory_used_mib", "utilization_gpu", "utilization_memory", "temperature_c", "power_draw_w", "power_limit_w",
@@ -144,30 +145,33 @@ def snapshot_uuids(snap: Snapshot) -> set[str]:
 
 @dataclass(frozen=True, slots=True)
 class Prefetched:
-    """The stored rows a batch of snapshots needs, read in two statements for the whole batch
-    instead of two per snapshot: devices with telemetry by UUID (:func:`load_devices`' rows)
-    and each host's process rows (``host id -> rows``, :data:`PROCESS_FIELDS` order)."""
+    """The stored rows a batch of snapshots needs, read in three statements for the whole
+    batch instead of three per snapshot: devices with telemetry by UUID (:func:`load_devices`'
+    rows), each host's process rows (``host id -> rows``, :data:`PROCESS_FIELDS` order) and
+    each host's ack rows (``host id -> AckRows``, :func:`ingest_ack.batch_ack_rows`)."""
 
     devices: dict[str, tuple]
     processes: dict[int, list[tuple]]
+    acks: dict[int, ingest_ack.AckRows]
 
     def devices_of(self, uuids: Iterable[str]) -> list[tuple]:
         """:func:`load_devices`' answer for ``uuids``, from the batch's rows."""
         return [self.devices[u] for u in sorted(set(uuids)) if u in self.devices]
 
 
-def prefetch(session: Session, snaps: list[tuple[int, Snapshot]]) -> Prefetched:
+def prefetch(session: Session, snaps: list[tuple[int, Snapshot]], now: datetime) -> Prefetched:
     """The stored rows for ``snaps``: ``(host id, snapshot)`` pairs of distinct hosts that
     name no common device (a batch holds no two such, :mod:`app.api.snapshot_batch`), so no
-    snapshot's ingest changes the rows read here for another."""
+    snapshot's ingest changes the rows read here for another; the acks' rows as of ``now``
+    (UTC)."""
     if not snaps:
-        return Prefetched({}, {})
+        return Prefetched({}, {}, {})
     named = set().union(*(snapshot_uuids(snap) for _, snap in snaps))
     devices = {r[0]: r for r in load_devices(session, named)}
     processes: dict[int, list[tuple]] = {host_id: [] for host_id, _ in snaps}
     for row in session.execute(_SELECT_HOSTS_PROCESSES, {"host_ids": sorted(processes)}):
         processes[row[0]].append(tuple(row[1:]))
-    return Prefetched(devices, processes)
+    return Prefetched(devices, processes, ingest_ack.batch_ack_rows(session, list(processes), now))
 
 
 def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tuple], now: datetime,

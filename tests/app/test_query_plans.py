@@ -4,7 +4,8 @@ History is seeded in bulk (``generate_series``, ``testkit.history``): past reser
 users on the host's devices, cancelled ones among them; per-minute usage rollups of its GPUs
 (weeks of them); 90 days of ended findings. Then the real requests run (a named booking with
 a counted quota, an "any N GPUs" booking, the device list, the Now page, an agent snapshot with
-processes (it writes rollups) answered with the host's reservation table, ``/metrics``, the usage
+processes (it writes rollups) answered with the host's reservation table, what a batch of
+snapshots reads once for all its hosts, ``/metrics``, the usage
 report (API and page), the findings list and its filters), then one round of each periodic
 job (expiry of pending reservations, the check-in sweep, the waitlist round, the history pruner),
 while every SELECT they issue is captured, and each is ``EXPLAIN``-ed with its own parameters: a sequential scan of a large
@@ -135,6 +136,16 @@ def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
             busy = [{**d, "memory_used_mib": 30000.0, "utilization_gpu": 90.0} for d in devices]
             r = client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 2, busy, procs), headers=host_h)
             assert r.status_code == 200 and r.json()["reservations"], r.text
+
+            def batch_reads(s):  # what a batch of snapshots reads once for all of its hosts
+                from agent.schema import Snapshot
+                from app.services import ingest_state
+
+                (host,) = host_service.hosts_for_tokens(s, [host_token]).values()
+                snap = Snapshot.model_validate(snapshot_body("node-01", 3, busy, procs))
+                assert ingest_state.prefetch(s, [(host.id, snap)], datetime.now(UTC)).acks[host.id].table
+
+            run_in_transaction(factory, batch_reads)
             # the usage report reads the rollups of the reserved devices over its period
             assert client.get("/api/v1/reports/usage", headers=user_h).status_code == 200
             assert client.get("/api/v1/reports/usage?user=user01", headers=admin_h).status_code == 200

@@ -208,10 +208,10 @@ def test_a_database_that_cannot_be_had_answers_the_whole_batch_at_once(client, a
     hosts = [make_host(f"node-{k:02d}") for k in range(4)]
     real = ingest_state.prefetch
 
-    def lost(session, snaps):
+    def lost(session, snaps, now):
         if len(snaps) > 1:
             raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
-        return real(session, snaps)
+        return real(session, snaps, now)
 
     alone = []
     real_alone = snapshot_batch.ingest_alone
@@ -286,3 +286,39 @@ def test_a_wait_that_runs_out_as_its_client_leaves():
         return batcher.waiting
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_acks_read_for_a_batch_are_each_hosts_own(client, app, make_host, make_user, session_factory, monkeypatch):
+    """A batch reads its hosts' acks in one statement; each host's ack still carries its own
+    reservation table and open devices, and the lab's uid table, exactly as a lone snapshot's."""
+    from sqlalchemy import update
+
+    from app.models import User
+    from tests.conftest import book, future
+
+    hosts = [make_host(f"node-{k:02d}") for k in range(3)]
+    alice = make_user("alice", unix_name="alice")
+    for k, h in enumerate(hosts):
+        assert client.post(URL, json=snapshot_body(h.username, 1, _devices(k)), headers=h.headers).status_code == 200
+    assert book(client, alice, [1], future(1), host="node-01").status_code == 201
+    assert book(client, alice, [0], future(2), host="node-02").status_code == 201
+    with session_factory() as s:
+        s.execute(update(User).where(User.username == "alice").values(unix_uid=2001))
+        s.execute(update(Device).where(Device.uuid == _devices(2)[1]["uuid"]).values(is_open=True))
+        s.commit()
+    sizes = _batches(monkeypatch, app, expect_queued=2)
+    batched = _post_together(client, app, sizes, [(h.token, snapshot_body(h.username, 2, _devices(k)))
+                                                  for k, h in enumerate(hosts)])
+    assert [len(b) for b in sizes] == [1, 2]
+    alone = [client.post(URL, json=snapshot_body(h.username, 3, _devices(k)), headers=h.headers)
+             for k, h in enumerate(hosts)]
+    keys = ("reservations", "open_devices", "unix_uids")
+    for k, (b, a) in enumerate(zip(batched, alone)):
+        assert b.status_code == a.status_code == 200
+        assert {x: b.json()[x] for x in keys} == {x: a.json()[x] for x in keys}, k
+    got = [b.json() for b in batched]
+    assert [len(x["reservations"]) for x in got] == [0, 1, 1]
+    assert got[1]["reservations"][0]["device_uuids"] == [_devices(1)[1]["uuid"]]
+    assert got[2]["reservations"][0]["device_uuids"] == [_devices(2)[0]["uuid"]]
+    assert [x["open_devices"] for x in got] == [[], [], [_devices(2)[1]["uuid"]]]
+    assert all(x["unix_uids"] == {"2001": "alice"} for x in got)
