@@ -85,12 +85,12 @@ def _authenticate(session: Any, item: Pending, known: dict[str, Host] | None = N
     return host
 
 
-def _ack(session: Any, item: Pending, host: Host, prefetched: ingest_state.Prefetched | None = None) -> bytes:
-    """Ingest the item's snapshot for ``host`` in ``session`` (with the batch's ``prefetched``
+def _ack(session: Any, item: Pending, host: Host, batch: ingest_state.BatchRows | None = None) -> bytes:
+    """Ingest the item's snapshot for ``host`` in ``session`` (with the batch's ``batch``
     rows); the ack as JSON bytes."""
     app = item.request.app
     ack = ingest.ingest_snapshot(session, host=host, snap=item.snapshot, settings=app.state.settings,
-                                 prefetched=prefetched)
+                                 batch=batch)
     return ack.model_dump_json().encode()
 
 
@@ -149,9 +149,10 @@ def ingest_batch(items: list[Pending]) -> list[Outcome]:
                     continue
                 hosts.append((host.id, i, host))
             hosts.sort(key=lambda h: h[0])
-            prefetched = ingest_state.prefetch(session, [(host.id, items[i].snapshot) for _, i, host in hosts], utcnow())
+            batch = ingest_state.batch_rows(session, [(host.id, items[i].snapshot) for _, i, host in hosts], utcnow())
             for _, i, host in hosts:
-                outcomes[i] = (True, _ack(session, items[i], host, prefetched))
+                outcomes[i] = (True, _ack(session, items[i], host, batch))
+            ingest.write_batch(session, batch)
         return outcomes
     except Exception as e:  # noqa: BLE001 - every item gets an answer of its own
         if database_unavailable(e):

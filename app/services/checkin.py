@@ -107,6 +107,13 @@ def mark_checked_in(session: Session, *, host_id: int, at: datetime) -> int:
     return session.execute(_MARK, {"host_": host_id, "at_": at}).rowcount or 0
 
 
+def mark_checked_in_many(session: Session, marks: list[tuple[int, datetime]]) -> None:
+    """:func:`mark_checked_in` for each ``(host id, at)`` of ``marks``, as one executemany (a
+    batch of snapshots)."""
+    if marks:
+        session.execute(_MARK, [{"host_": host_id, "at_": at} for host_id, at in marks])
+
+
 # ---------------------------------------------------------------------------- trust
 
 

@@ -60,9 +60,10 @@ _ROLLUP = _typed_text(
     "memory_samples = usage_rollups.memory_samples + excluded.memory_samples, users = excluded.users", _rollups)
 
 
-def _rollup(session: Session, snap: Snapshot, devices: dict[str, ingest_state.DeviceRef], at: datetime) -> None:
+def _rollup(session: Session, snap: Snapshot, devices: dict[str, ingest_state.DeviceRef], at: datetime,
+            batch: ingest_state.BatchRows | None) -> None:
     """Add the snapshot's healthy devices to their per-minute rollups: one upsert executed with
-    one parameter set per device."""
+    one parameter set per device (in a batch, gathered for :func:`write_batch`)."""
     if snap.stale:
         return
     minute = at.replace(second=0, microsecond=0)
@@ -86,8 +87,18 @@ def _rollup(session: Session, snap: Snapshot, devices: dict[str, ingest_state.De
                 users=sorted(users_by_dev.get(rep.uuid, ())),
             )
         )
-    if values:
+    if batch is not None:
+        batch.rollups.extend(values)
+    elif values:
         session.execute(_ROLLUP, values)
+
+
+def write_batch(session: Session, batch: ingest_state.BatchRows) -> None:
+    """The writes a batch's snapshots gathered (:class:`ingest_state.BatchRows`): once the
+    batch's snapshots are ingested, before its commit."""
+    if batch.rollups:
+        session.execute(_ROLLUP, batch.rollups)
+    checkin.mark_checked_in_many(session, batch.check_ins)
 
 
 def clock_trouble(snap: Snapshot, *, now: datetime, settings: Settings) -> str | None:
@@ -123,7 +134,7 @@ def _claim(session: Session, *, host: Host, snap: Snapshot, now: datetime) -> tu
 
 
 def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: Settings, now: datetime | None = None,
-                    prefetched: ingest_state.Prefetched | None = None) -> SnapshotAck:
+                    batch: ingest_state.BatchRows | None = None) -> SnapshotAck:
     """Store a snapshot of ``host`` and answer with its reservation table and policy.
 
     Idempotent by ``(host, agent_instance, seq)``: a replayed key changes nothing and answers
@@ -131,8 +142,9 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     under that key is a different one). A snapshot older than the host's latest (spool replay
     after an outage) adds its findings and rollups but does not overwrite the latest state.
     Devices registered to another host are refused for this snapshot.
-    ``prefetched``: the stored rows of the batch this snapshot is ingested in
-    (:func:`ingest_state.prefetch`), instead of reading its own.
+    ``batch``: the rows of the batch this snapshot is ingested in
+    (:func:`ingest_state.batch_rows`), instead of reading its own; its rollups and check-ins
+    are then gathered there for :func:`write_batch`.
     Raises Forbidden when ``snap.host`` is not the token's host.
     """
     now = now or utcnow()
@@ -140,7 +152,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     claimed, conflict = _claim(session, host=host, snap=snap, now=now)
     if not claimed:
         return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now, conflict=conflict,
-                         rows=prefetched.acks[host.id] if prefetched else None)
+                         rows=batch.acks[host.id] if batch else None)
 
     trouble = clock_trouble(snap, now=now, settings=settings)
     at = snap.collected_at
@@ -150,7 +162,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         host_values.update(clock_trouble=trouble[:512], clock_trouble_at=now)
         at = now
     uuids = ingest_state.snapshot_uuids(snap)
-    stored = prefetched.devices_of(uuids) if prefetched else ingest_state.load_devices(session, uuids)
+    stored = batch.devices_of(uuids) if batch else ingest_state.load_devices(session, uuids)
     if any(row[2] != host.id for row in stored):
         snap = device_claims.refuse_foreign_devices(session, host=host, snap=snap, now=now)
         stored = [row for row in stored if row[2] == host.id]
@@ -167,7 +179,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     host_values["last_seen_at"] = now  # the agent is alive: staleness goes by receipt
     if is_latest:
         ingest_state.store_latest(session, host, snap, devices, at, stored, touches,
-                                  prefetched.processes.get(host.id, []) if prefetched else None)
+                                  batch.processes.get(host.id, []) if batch else None)
         host_values.update(
             last_seq=snap.seq, last_collected_at=at, interval_seconds=snap.interval_seconds,
             agent_version=snap.agent_version, driver_version=snap.driver_version, nvml_version=snap.nvml_version,
@@ -182,11 +194,14 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         # or the host is already watched, writes only when the health state changes
         quarantine.apply_snapshot(session, host=host, snap=snap, devices=devices, now=now, settings=settings)
         if snap.processes and not snap.stale:
-            checkin.mark_checked_in(session, host_id=host.id, at=at)  # one UPDATE, none already checked in
-    _rollup(session, snap, devices, at)
+            if batch is not None:
+                batch.check_ins.append((host.id, at))
+            else:
+                checkin.mark_checked_in(session, host_id=host.id, at=at)  # one UPDATE, none already checked in
+    _rollup(session, snap, devices, at, batch)
     findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
     return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now,
-                     rows=prefetched.acks[host.id] if prefetched else None)
+                     rows=batch.acks[host.id] if batch else None)
 
 
 def prune(session: Session, *, settings: Settings, now: datetime | None = None) -> None:

@@ -144,34 +144,39 @@ def snapshot_uuids(snap: Snapshot) -> set[str]:
 
 
 @dataclass(frozen=True, slots=True)
-class Prefetched:
-    """The stored rows a batch of snapshots needs, read in three statements for the whole
-    batch instead of three per snapshot: devices with telemetry by UUID (:func:`load_devices`'
-    rows), each host's process rows (``host id -> rows``, :data:`PROCESS_FIELDS` order) and
-    each host's ack rows (``host id -> AckRows``, :func:`ingest_ack.batch_ack_rows`)."""
+class BatchRows:
+    """The rows a batch of snapshots reads once and writes once, instead of once per snapshot.
+
+    Read in three statements: devices with telemetry by UUID (:func:`load_devices`' rows),
+    each host's process rows (``host id -> rows``, :data:`PROCESS_FIELDS` order) and each
+    host's ack rows (``host id -> AckRows``, :func:`ingest_ack.batch_ack_rows`). Gathered for
+    one write each when the batch's snapshots are in (``ingest.write_batch``): the per-minute
+    rollup rows and the ``(host id, collection time)`` of hosts whose bookings may check in."""
 
     devices: dict[str, tuple]
     processes: dict[int, list[tuple]]
     acks: dict[int, ingest_ack.AckRows]
+    rollups: list[dict] = field(default_factory=list)
+    check_ins: list[tuple[int, datetime]] = field(default_factory=list)
 
     def devices_of(self, uuids: Iterable[str]) -> list[tuple]:
         """:func:`load_devices`' answer for ``uuids``, from the batch's rows."""
         return [self.devices[u] for u in sorted(set(uuids)) if u in self.devices]
 
 
-def prefetch(session: Session, snaps: list[tuple[int, Snapshot]], now: datetime) -> Prefetched:
+def batch_rows(session: Session, snaps: list[tuple[int, Snapshot]], now: datetime) -> BatchRows:
     """The stored rows for ``snaps``: ``(host id, snapshot)`` pairs of distinct hosts that
     name no common device (a batch holds no two such, :mod:`app.api.snapshot_batch`), so no
     snapshot's ingest changes the rows read here for another; the acks' rows as of ``now``
     (UTC)."""
     if not snaps:
-        return Prefetched({}, {}, {})
+        return BatchRows({}, {}, {})
     named = set().union(*(snapshot_uuids(snap) for _, snap in snaps))
     devices = {r[0]: r for r in load_devices(session, named)}
     processes: dict[int, list[tuple]] = {host_id: [] for host_id, _ in snaps}
     for row in session.execute(_SELECT_HOSTS_PROCESSES, {"host_ids": sorted(processes)}):
         processes[row[0]].append(tuple(row[1:]))
-    return Prefetched(devices, processes, ingest_ack.batch_ack_rows(session, list(processes), now))
+    return BatchRows(devices, processes, ingest_ack.batch_ack_rows(session, list(processes), now))
 
 
 def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tuple], now: datetime,
@@ -213,7 +218,7 @@ def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str
     """Latest telemetry (one row per device) and process list of ``host`` as of ``at`` (UTC):
     rows whose values changed are rewritten, the rest only get the new collection time (added
     to ``touches``). ``stored`` is :func:`load_devices`' answer (it carries the stored telemetry);
-    ``processes``, the host's stored process rows when already read (:class:`Prefetched`)."""
+    ``processes``, the host's stored process rows when already read (:class:`BatchRows`)."""
     touches.at = at
     ids = [devices[d.uuid].id for d in snap.devices]
     if ids:

@@ -206,7 +206,7 @@ def test_a_database_that_cannot_be_had_answers_the_whole_batch_at_once(client, a
     from sqlalchemy.exc import OperationalError
 
     hosts = [make_host(f"node-{k:02d}") for k in range(4)]
-    real = ingest_state.prefetch
+    real = ingest_state.batch_rows
 
     def lost(session, snaps, now):
         if len(snaps) > 1:
@@ -215,7 +215,7 @@ def test_a_database_that_cannot_be_had_answers_the_whole_batch_at_once(client, a
 
     alone = []
     real_alone = snapshot_batch.ingest_alone
-    monkeypatch.setattr(ingest_state, "prefetch", lost)
+    monkeypatch.setattr(ingest_state, "batch_rows", lost)
     monkeypatch.setattr(snapshot_batch, "ingest_alone", lambda item: alone.append(item) or real_alone(item))
     sizes = _batches(monkeypatch, app, expect_queued=3)
     answers = _post_together(client, app, sizes, [(h.token, snapshot_body(h.username, 1, _devices(k)))
@@ -322,3 +322,53 @@ def test_acks_read_for_a_batch_are_each_hosts_own(client, app, make_host, make_u
     assert got[2]["reservations"][0]["device_uuids"] == [_devices(2)[0]["uuid"]]
     assert [x["open_devices"] for x in got] == [[], [], [_devices(2)[1]["uuid"]]]
     assert all(x["unix_uids"] == {"2001": "alice"} for x in got)
+
+
+def test_a_batch_writes_every_hosts_rollups_and_check_ins(client, app, make_host, make_user, session_factory,
+                                                          monkeypatch):
+    """The per-minute rollups and the check-ins a batch gathers are written once for all its
+    snapshots, each to its own device and booking: the same rows as snapshots ingested alone."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from app.models import Reservation, ReservationDevice, UsageRollup
+    from tests.conftest import book, future
+
+    hosts = [make_host(f"node-{k:02d}") for k in range(3)]
+    alice = make_user("alice", unix_name="alice")
+    for k, h in enumerate(hosts):
+        assert client.post(URL, json=snapshot_body(h.username, 1, _devices(k)), headers=h.headers).status_code == 200
+    booked = {}
+    for k in (1, 2):  # alice's bookings of GPU 0 on node-01 and node-02, started a minute ago
+        r = book(client, alice, [0], future(1), host=f"node-{k:02d}")
+        assert r.status_code == 201, r.text
+        booked[k] = r.json()["id"]
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    with session_factory() as s:
+        for rid in booked.values():
+            s.execute(update(Reservation).where(Reservation.id == rid).values(start_at=start, end_at=start + timedelta(hours=4)))
+            s.execute(update(ReservationDevice).where(ReservationDevice.reservation_id == rid)
+                      .values(start_at=start, end_at=start + timedelta(hours=4)))
+        s.commit()
+
+    def busy(k: int, seq: int, user: str) -> dict:
+        devices = [{**d, "utilization_gpu": 10.0 * (k + 1), "memory_used_mib": 1000.0} for d in _devices(k)]
+        proc = {"device_uuid": devices[0]["uuid"], "pid": 77 + k, "used_memory_mib": 1000.0, "unix_user": user,
+                "uid": 3000, "name": "python"}
+        return snapshot_body(f"node-{k:02d}", seq, devices, [proc])
+
+    sizes = _batches(monkeypatch, app, expect_queued=2)
+    # node-01: alice's own process (checks in); node-02: bob's process on alice's GPU (does not)
+    answers = _post_together(client, app, sizes, [(hosts[0].token, busy(0, 2, "carol")),
+                                                  (hosts[1].token, busy(1, 2, "alice")),
+                                                  (hosts[2].token, busy(2, 2, "bob"))])
+    assert [r.status_code for r in answers] == [200] * 3 and [len(b) for b in sizes] == [1, 2]
+    with session_factory() as s:
+        checked = dict(s.execute(select(Reservation.id, Reservation.checked_in_at)
+                                 .where(Reservation.id.in_(list(booked.values())))).all())
+        rollups = s.execute(select(Device.uuid, func.sum(UsageRollup.utilization_sum), func.sum(UsageRollup.samples))
+                            .join(Device, Device.id == UsageRollup.device_id).group_by(Device.uuid)).all()
+    assert checked[booked[1]] is not None and checked[booked[2]] is None
+    # every device: its registration snapshot had no utilization, the busy one its host's
+    assert sorted(rollups) == sorted((d["uuid"], 10.0 * (k + 1), 2) for k in range(3) for d in _devices(k))
