@@ -372,3 +372,31 @@ def test_a_batch_writes_every_hosts_rollups_and_check_ins(client, app, make_host
     assert checked[booked[1]] is not None and checked[booked[2]] is None
     # every device: its registration snapshot had no utilization, the busy one its host's
     assert sorted(rollups) == sorted((d["uuid"], 10.0 * (k + 1), 2) for k in range(3) for d in _devices(k))
+
+
+def test_a_batch_claims_new_keys_and_answers_taken_ones_as_duplicates(client, app, make_host, session_factory,
+                                                                      monkeypatch):
+    """The batch claims its snapshots' keys in one statement; a key already taken is answered
+    as a lone snapshot's would be: a duplicate, with the conflict named when the stored
+    snapshot under that key is a different one."""
+    from datetime import UTC, datetime, timedelta
+
+    hosts = [make_host(f"node-{k:02d}") for k in range(4)]
+    at = datetime.now(UTC) - timedelta(minutes=1)
+    first = [snapshot_body(h.username, 1, _devices(k), collected_at=at) for k, h in enumerate(hosts)]
+    for h, body in zip(hosts, first):
+        assert client.post(URL, json=body, headers=h.headers).status_code == 200
+    sizes = _batches(monkeypatch, app, expect_queued=3)
+    answers = _post_together(client, app, sizes, [
+        (hosts[0].token, snapshot_body("node-00", 2, _devices(0))),
+        (hosts[1].token, first[1]),  # re-sent: a duplicate
+        (hosts[2].token, {**first[2], "collected_at": datetime.now(UTC).isoformat()}),  # seq 1 reused: a conflict
+        (hosts[3].token, snapshot_body("node-03", 2, _devices(3))),
+    ])
+    assert [len(b) for b in sizes] == [1, 3]
+    got = [(r.status_code, r.json()["seq"], r.json()["duplicate"], bool(r.json()["conflict"])) for r in answers]
+    assert got == [(200, 2, False, False), (200, 1, True, False), (200, 1, True, True), (200, 2, False, False)]
+    assert "already used by a snapshot collected at" in answers[2].json()["conflict"]
+    assert _stored(session_factory) == {"node-00": 2, "node-01": 1, "node-02": 1, "node-03": 2}
+    with session_factory() as s:
+        assert s.scalar(select(func.count()).select_from(HostSnapshot)) == 6
