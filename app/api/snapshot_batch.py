@@ -149,7 +149,7 @@ def ingest_batch(items: list[Pending]) -> list[Outcome]:
                     continue
                 hosts.append((host.id, i, host))
             hosts.sort(key=lambda h: h[0])
-            batch = ingest.begin_batch(session, [(host, items[i].snapshot) for _, i, host in hosts], now=utcnow())
+            batch = ingest_state.batch_rows(session, [(host.id, items[i].snapshot) for _, i, host in hosts], utcnow())
             for _, i, host in hosts:
                 outcomes[i] = (True, _ack(session, items[i], host, batch))
             ingest.write_batch(session, batch)

@@ -13,7 +13,6 @@ quarantined (:mod:`app.services.quarantine`).
 
 from __future__ import annotations
 
-import functools
 import logging
 from datetime import datetime, timedelta
 
@@ -102,34 +101,6 @@ def write_batch(session: Session, batch: ingest_state.BatchRows) -> None:
     checkin.mark_checked_in_many(session, batch.check_ins)
 
 
-_CLAIM_COLUMNS = ("host_id", "agent_instance", "seq", "collected_at", "received_at")
-
-
-@functools.lru_cache(maxsize=1024)
-def _claim_many(n: int) -> TextClause:
-    """:data:`_CLAIM` for ``n`` snapshots in one statement (built once per batch size),
-    returning the keys it claimed."""
-    rows = ", ".join("(" + ", ".join(f":{c}_{k}" for c in _CLAIM_COLUMNS) + ")" for k in range(n))
-    return text(f"INSERT INTO host_snapshots ({', '.join(_CLAIM_COLUMNS)}) VALUES {rows} "
-                "ON CONFLICT (host_id, agent_instance, seq) DO NOTHING RETURNING host_id, agent_instance, seq"
-                ).bindparams(*(bindparam(f"{c}_{k}", type_=_snaps.c[c].type) for k in range(n) for c in _CLAIM_COLUMNS))
-
-
-def begin_batch(session: Session, snaps: list[tuple[Host, Snapshot]], *, now: datetime) -> ingest_state.BatchRows:
-    """Start a batch of snapshots (``(host, snapshot)`` of distinct hosts naming no common
-    device, in the order they will be ingested): read the rows it needs
-    (:func:`ingest_state.batch_rows`) and claim every snapshot's key in one statement; a key
-    already taken is left to :func:`ingest_snapshot`, which answers it as a duplicate."""
-    batch = ingest_state.batch_rows(session, [(host.id, snap) for host, snap in snaps], now)
-    if snaps:
-        params = {}
-        for k, (host, snap) in enumerate(snaps):
-            params.update({f"host_id_{k}": host.id, f"agent_instance_{k}": snap.agent_instance or "",
-                           f"seq_{k}": snap.seq, f"collected_at_{k}": snap.collected_at, f"received_at_{k}": now})
-        batch.claimed.update(tuple(r) for r in session.execute(_claim_many(len(snaps)), params))
-    return batch
-
-
 def clock_trouble(snap: Snapshot, *, now: datetime, settings: Settings) -> str | None:
     """Why ``snap.collected_at`` cannot be trusted against receipt at ``now``, or ``None``."""
     ahead = (snap.collected_at - now).total_seconds()
@@ -171,17 +142,14 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     under that key is a different one). A snapshot older than the host's latest (spool replay
     after an outage) adds its findings and rollups but does not overwrite the latest state.
     Devices registered to another host are refused for this snapshot.
-    ``batch``: the batch this snapshot is ingested in (:func:`begin_batch`): its rows are read
-    there instead of here, its key may be claimed there already, and its rollups and
-    check-ins are gathered there for :func:`write_batch`.
+    ``batch``: the rows of the batch this snapshot is ingested in
+    (:func:`ingest_state.batch_rows`), instead of reading its own; its rollups and check-ins
+    are then gathered there for :func:`write_batch`.
     Raises Forbidden when ``snap.host`` is not the token's host.
     """
     now = now or utcnow()
     host_service.require_same_host(host, snap.host)
-    if batch is not None and (host.id, snap.agent_instance or "", snap.seq) in batch.claimed:
-        claimed, conflict = True, None
-    else:
-        claimed, conflict = _claim(session, host=host, snap=snap, now=now)
+    claimed, conflict = _claim(session, host=host, snap=snap, now=now)
     if not claimed:
         return build_ack(session, host=host, seq=snap.seq, duplicate=True, settings=settings, now=now, conflict=conflict,
                          rows=batch.acks[host.id] if batch else None)

@@ -151,15 +151,13 @@ class BatchRows:
     each host's process rows (``host id -> rows``, :data:`PROCESS_FIELDS` order) and each
     host's ack rows (``host id -> AckRows``, :func:`ingest_ack.batch_ack_rows`). Gathered for
     one write each when the batch's snapshots are in (``ingest.write_batch``): the per-minute
-    rollup rows and the ``(host id, collection time)`` of hosts whose bookings may check in.
-    ``claimed``: the snapshot keys the batch claimed for its snapshots (``ingest.begin_batch``)."""
+    rollup rows and the ``(host id, collection time)`` of hosts whose bookings may check in."""
 
     devices: dict[str, tuple]
     processes: dict[int, list[tuple]]
     acks: dict[int, ingest_ack.AckRows]
     rollups: list[dict] = field(default_factory=list)
     check_ins: list[tuple[int, datetime]] = field(default_factory=list)
-    claimed: set[tuple[int, str, int]] = field(default_factory=set)  # (host id, agent instance, seq) claimed
 
     def devices_of(self, uuids: Iterable[str]) -> list[tuple]:
         """:func:`load_devices`' answer for ``uuids``, from the batch's rows."""

@@ -374,11 +374,11 @@ def test_a_batch_writes_every_hosts_rollups_and_check_ins(client, app, make_host
     assert sorted(rollups) == sorted((d["uuid"], 10.0 * (k + 1), 2) for k in range(3) for d in _devices(k))
 
 
-def test_a_batch_claims_new_keys_and_answers_taken_ones_as_duplicates(client, app, make_host, session_factory,
+def test_taken_keys_in_a_batch_are_answered_as_duplicates(client, app, make_host, session_factory,
                                                                       monkeypatch):
-    """The batch claims its snapshots' keys in one statement; a key already taken is answered
-    as a lone snapshot's would be: a duplicate, with the conflict named when the stored
-    snapshot under that key is a different one."""
+    """A key already taken is answered in a batch as a lone snapshot's would be: a duplicate,
+    with the conflict named when the stored snapshot under that key is a different one; the
+    new keys beside it are stored."""
     from datetime import UTC, datetime, timedelta
 
     hosts = [make_host(f"node-{k:02d}") for k in range(4)]
