@@ -41,6 +41,7 @@ import asyncio
 import copy
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from fastapi import Request
@@ -85,12 +86,13 @@ def _authenticate(session: Any, item: Pending, known: dict[str, Host] | None = N
     return host
 
 
-def _ack(session: Any, item: Pending, host: Host, batch: ingest_state.BatchRows | None = None) -> bytes:
-    """Ingest the item's snapshot for ``host`` in ``session`` (with the batch's ``batch``
-    rows); the ack as JSON bytes."""
+def _ack(session: Any, item: Pending, host: Host, batch: ingest_state.BatchRows | None = None,
+         now: datetime | None = None) -> bytes:
+    """Ingest the item's snapshot for ``host`` in ``session`` (in ``batch``, received at the
+    batch's ``now``); the ack as JSON bytes."""
     app = item.request.app
     ack = ingest.ingest_snapshot(session, host=host, snap=item.snapshot, settings=app.state.settings,
-                                 batch=batch)
+                                 batch=batch, now=now)
     return ack.model_dump_json().encode()
 
 
@@ -149,9 +151,10 @@ def ingest_batch(items: list[Pending]) -> list[Outcome]:
                     continue
                 hosts.append((host.id, i, host))
             hosts.sort(key=lambda h: h[0])
-            batch = ingest_state.batch_rows(session, [(host.id, items[i].snapshot) for _, i, host in hosts], utcnow())
+            now = utcnow()  # the batch's snapshots were all received by now: one clock for its rows and acks
+            batch = ingest_state.batch_rows(session, [(host.id, items[i].snapshot) for _, i, host in hosts], now)
             for _, i, host in hosts:
-                outcomes[i] = (True, _ack(session, items[i], host, batch))
+                outcomes[i] = (True, _ack(session, items[i], host, batch, now))
             ingest.write_batch(session, batch)
         return outcomes
     except Exception as e:  # noqa: BLE001 - every item gets an answer of its own

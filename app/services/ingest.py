@@ -200,8 +200,10 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
                 checkin.mark_checked_in(session, host_id=host.id, at=at)  # one UPDATE, none already checked in
     _rollup(session, snap, devices, at, batch)
     findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
+    # the batch read the ack rows before this snapshot's writes: read again if it moved a device's index
+    fresh = batch is None or ingest_state.reindexed(snap, stored)
     return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now,
-                     rows=batch.acks[host.id] if batch else None)
+                     rows=None if fresh else batch.acks[host.id])
 
 
 def prune(session: Session, *, settings: Settings, now: datetime | None = None) -> None:

@@ -123,8 +123,9 @@ def _split(rows, host_ids: list[int]) -> dict[int, AckRows]:  # noqa: ANN001
 
 
 def batch_ack_rows(session: Session, host_ids: list[int], now: datetime) -> dict[int, AckRows]:
-    """The ack rows of several hosts at ``now`` (UTC), in one statement (a batch of snapshots;
-    ingest writes none of the rows they come from, so they may be read before its writes)."""
+    """The ack rows of several hosts at ``now`` (UTC), in one statement (a batch of snapshots,
+    before its writes: of the rows they come from, ingest writes only a device's index, which
+    orders a reservation's devices, and a snapshot that moves one has its ack read again)."""
     if not host_ids:
         return {}
     params = {"host_ids": sorted(host_ids), "after": now - TABLE_BEHIND, "before": now + TABLE_AHEAD, "now": now}

@@ -179,6 +179,14 @@ def batch_rows(session: Session, snaps: list[tuple[int, Snapshot]], now: datetim
     return BatchRows(devices, processes, ingest_ack.batch_ack_rows(session, list(processes), now))
 
 
+def reindexed(snap: Snapshot, stored: list[tuple]) -> bool:
+    """Whether ``snap`` reports a stored device (``stored``: :func:`load_devices`' rows) at
+    another index: the ack lists a reservation's devices in index order, so ack rows read
+    before :func:`upsert_devices` writes the new index are out of date."""
+    index = {r[0]: r[4] for r in stored}  # DEVICE_FIELDS[0] is "index"
+    return any(d.uuid in index and d.index is not None and d.index != index[d.uuid] for d in snap.devices)
+
+
 def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tuple], now: datetime,
                    touches: Touches) -> dict[str, DeviceRef]:
     """Register the snapshot's devices to ``host``: new ones inserted (whole GPUs before their

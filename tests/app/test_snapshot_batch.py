@@ -400,3 +400,26 @@ def test_taken_keys_in_a_batch_are_answered_as_duplicates(client, app, make_host
     assert _stored(session_factory) == {"node-00": 2, "node-01": 1, "node-02": 1, "node-03": 2}
     with session_factory() as s:
         assert s.scalar(select(func.count()).select_from(HostSnapshot)) == 6
+
+
+def test_a_batched_ack_follows_a_device_index_the_snapshot_moved(client, app, make_host, make_user, monkeypatch):
+    """The ack lists a reservation's devices in index order. A batch reads its acks before its
+    writes, so a snapshot that moves a reserved device's index (re-enumeration after a
+    reboot) has its ack read again: the same order a lone snapshot's ack has."""
+    from tests.conftest import book, future
+
+    hosts = [make_host(f"node-{k:02d}") for k in range(3)]
+    alice = make_user("alice", unix_name="alice")
+    for k, h in enumerate(hosts):
+        assert client.post(URL, json=snapshot_body(h.username, 1, _devices(k)), headers=h.headers).status_code == 200
+    assert book(client, alice, [0, 1], future(1), host="node-01").status_code == 201
+    swapped = [{**d, "index": 1 - d["index"]} for d in _devices(1)]
+    sizes = _batches(monkeypatch, app, expect_queued=2)
+    batched = _post_together(client, app, sizes, [(hosts[0].token, snapshot_body("node-00", 2, _devices(0))),
+                                                  (hosts[1].token, snapshot_body("node-01", 2, swapped)),
+                                                  (hosts[2].token, snapshot_body("node-02", 2, _devices(2)))])
+    assert [len(b) for b in sizes] == [1, 2]
+    alone = client.post(URL, json=snapshot_body("node-01", 3, swapped), headers=hosts[1].headers)
+    order = [d["uuid"] for d in sorted(swapped, key=lambda d: d["index"])]
+    assert batched[1].json()["reservations"][0]["device_uuids"] == order
+    assert alone.json()["reservations"][0]["device_uuids"] == order
