@@ -21,6 +21,9 @@ RUNS = {
     "render_now": (["bench/render_now.py", "--hosts", "2", "--renders", "2"], "warm/cold"),
     "ingest_route": (["bench/ingest_route.py", "--db", "sqlite", "--hosts", "2", "--count", "5", "--repeat", "1",
                       "--baseline", "none"], "service CPU per snapshot"),
+    "ingest_route_in_flight": (["bench/ingest_route.py", "--db", "sqlite", "--hosts", "8", "--count", "16",
+                               "--repeat", "1", "--concurrency", "8", "--baseline", "none"],
+                              "8 in flight: service CPU per snapshot"),
     "booking_route": (["bench/ingest_route.py", "--db", "sqlite", "--route", "booking", "--hosts", "2", "--count", "5",
                        "--repeat", "1", "--baseline", "none"], "service CPU per booking"),
 }
