@@ -3,7 +3,8 @@ per booking on ``POST /api/v1/reservations``), in-process, no network.
 
 The ASGI application (middleware, routing, authentication, body parsing and validation,
 ingest, commit, the ack) is driven directly by an event loop in this process, one request
-at a time, so the CPU seconds counted (``time.process_time``) are the service's alone: no
+at a time (``--concurrency N``: N in flight, as agents posting together, whose snapshots
+share transactions), so the CPU seconds counted (``time.process_time``) are the service's alone: no
 HTTP server, no load generator. That is the figure the ingest target is stated in (at most
 1 ms of service CPU per snapshot); uvicorn's HTTP parsing comes on top (``bench/ingest.py``
 measures the whole server). ``--route booking``: a lab member books one GPU for 10 minutes

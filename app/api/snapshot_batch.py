@@ -71,7 +71,6 @@ class Pending:
     done: asyncio.Future[bytes]
     token: str | None = None
     uuids: set[str] = field(default_factory=set)  # the devices the snapshot names
-    started: bool = False
 
 
 def _authenticate(session: Any, item: Pending, known: dict[str, Host] | None = None) -> Host:
@@ -152,7 +151,8 @@ def ingest_batch(items: list[Pending]) -> list[Outcome]:
                 hosts.append((host.id, i, host))
             hosts.sort(key=lambda h: h[0])
             now = utcnow()  # the batch's snapshots were all received by now: one clock for its rows and acks
-            batch = ingest_state.batch_rows(session, [(host.id, items[i].snapshot) for _, i, host in hosts], now)
+            batch = ingest_state.batch_rows(session, [host.id for _, _, host in hosts],
+                                            set().union(*(items[i].uuids for _, i, _ in hosts)), now)
             for _, i, host in hosts:
                 outcomes[i] = (True, _ack(session, items[i], host, batch, now))
             ingest.write_batch(session, batch)
@@ -207,10 +207,12 @@ class SnapshotBatcher:
             expiry.cancel()
 
     def _unqueue(self, item: Pending) -> bool:
-        """Take ``item`` out of the queue if its batch has not started; whether it was there."""
-        if item.started or item not in self._queue:
+        """Take ``item`` out of the queue if its batch has not started (a batch takes its items
+        out of the queue); whether it was there."""
+        try:
+            self._queue.remove(item)
+        except ValueError:
             return False
-        self._queue.remove(item)
         return True
 
     def _expire(self, item: Pending) -> None:
@@ -231,7 +233,6 @@ class SnapshotBatcher:
             if len(batch) < self._max and item.token not in tokens and named.isdisjoint(item.uuids):
                 tokens.add(item.token)
                 named |= item.uuids
-                item.started = True
                 batch.append(item)
             else:
                 rest.append(item)

@@ -27,7 +27,6 @@ from app.problems import busy_response, problem_response
 log = logging.getLogger("gpuroster.db")
 
 
-
 class OutageLog:
     """Logs a database outage once when it begins and once when it ends (thread-safe)."""
 

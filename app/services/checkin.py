@@ -100,16 +100,11 @@ _MARK = (
 )
 
 
-def mark_checked_in(session: Session, *, host_id: int, at: datetime) -> int:
-    """Mark checked in, as of ``at`` (UTC), every live booking of host ``host_id`` whose holder
-    has a process on its devices in the stored process list; returns how many rows changed.
-    Call after the host's processes are stored, only for a fresh (not stale) snapshot."""
-    return session.execute(_MARK, {"host_": host_id, "at_": at}).rowcount or 0
-
-
-def mark_checked_in_many(session: Session, marks: list[tuple[int, datetime]]) -> None:
-    """:func:`mark_checked_in` for each ``(host id, at)`` of ``marks``, as one executemany (a
-    batch of snapshots)."""
+def mark_checked_in(session: Session, marks: list[tuple[int, datetime]]) -> None:
+    """For each ``(host id, at)`` of ``marks``: mark checked in, as of ``at`` (UTC), every live
+    booking of the host whose holder has a process on its devices in the stored process list
+    (one executemany for a batch of snapshots). Call after the hosts' processes are stored,
+    only for fresh (not stale) snapshots."""
     if marks:
         session.execute(_MARK, [{"host_": host_id, "at_": at} for host_id, at in marks])
 

@@ -60,10 +60,10 @@ _ROLLUP = _typed_text(
     "memory_samples = usage_rollups.memory_samples + excluded.memory_samples, users = excluded.users", _rollups)
 
 
-def _rollup(session: Session, snap: Snapshot, devices: dict[str, ingest_state.DeviceRef], at: datetime,
-            batch: ingest_state.BatchRows | None) -> None:
-    """Add the snapshot's healthy devices to their per-minute rollups: one upsert executed with
-    one parameter set per device (in a batch, gathered for :func:`write_batch`)."""
+def _rollup(snap: Snapshot, devices: dict[str, ingest_state.DeviceRef], at: datetime,
+            batch: ingest_state.BatchRows) -> None:
+    """Gather the snapshot's healthy devices' per-minute rollups in ``batch``, for
+    :func:`write_batch` to add in one upsert with a parameter set per device."""
     if snap.stale:
         return
     minute = at.replace(second=0, microsecond=0)
@@ -87,10 +87,7 @@ def _rollup(session: Session, snap: Snapshot, devices: dict[str, ingest_state.De
                 users=sorted(users_by_dev.get(rep.uuid, ())),
             )
         )
-    if batch is not None:
-        batch.rollups.extend(values)
-    elif values:
-        session.execute(_ROLLUP, values)
+    batch.rollups.extend(values)
 
 
 def write_batch(session: Session, batch: ingest_state.BatchRows) -> None:
@@ -98,7 +95,7 @@ def write_batch(session: Session, batch: ingest_state.BatchRows) -> None:
     batch's snapshots are ingested, before its commit."""
     if batch.rollups:
         session.execute(_ROLLUP, batch.rollups)
-    checkin.mark_checked_in_many(session, batch.check_ins)
+    checkin.mark_checked_in(session, batch.check_ins)
 
 
 def clock_trouble(snap: Snapshot, *, now: datetime, settings: Settings) -> str | None:
@@ -142,9 +139,11 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     under that key is a different one). A snapshot older than the host's latest (spool replay
     after an outage) adds its findings and rollups but does not overwrite the latest state.
     Devices registered to another host are refused for this snapshot.
-    ``batch``: the rows of the batch this snapshot is ingested in
-    (:func:`ingest_state.batch_rows`), instead of reading its own; its rollups and check-ins
-    are then gathered there for :func:`write_batch`.
+    ``batch``: the batch this snapshot is ingested in (:func:`ingest_state.batch_rows`), whose
+    rows it uses and where its rollups and check-ins are gathered for the batch's
+    :func:`write_batch`; without one, the snapshot is a batch of its own, read and written here.
+    Either way the rows are read before the snapshot's writes (which change none of them but a
+    device's index, see below).
     Raises Forbidden when ``snap.host`` is not the token's host.
     """
     now = now or utcnow()
@@ -162,7 +161,10 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         host_values.update(clock_trouble=trouble[:512], clock_trouble_at=now)
         at = now
     uuids = ingest_state.snapshot_uuids(snap)
-    stored = batch.devices_of(uuids) if batch else ingest_state.load_devices(session, uuids)
+    alone = batch is None
+    if alone:
+        batch = ingest_state.batch_rows(session, [host.id], uuids, now)
+    stored = batch.devices_of(uuids)
     if any(row[2] != host.id for row in stored):
         snap = device_claims.refuse_foreign_devices(session, host=host, snap=snap, now=now)
         stored = [row for row in stored if row[2] == host.id]
@@ -178,8 +180,7 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
     is_latest = host.last_collected_at is None or at >= host.last_collected_at
     host_values["last_seen_at"] = now  # the agent is alive: staleness goes by receipt
     if is_latest:
-        ingest_state.store_latest(session, host, snap, devices, at, stored, touches,
-                                  batch.processes.get(host.id, []) if batch else None)
+        ingest_state.store_latest(session, host, snap, devices, at, stored, touches, batch.processes[host.id])
         host_values.update(
             last_seq=snap.seq, last_collected_at=at, interval_seconds=snap.interval_seconds,
             agent_version=snap.agent_version, driver_version=snap.driver_version, nvml_version=snap.nvml_version,
@@ -194,14 +195,13 @@ def ingest_snapshot(session: Session, *, host: Host, snap: Snapshot, settings: S
         # or the host is already watched, writes only when the health state changes
         quarantine.apply_snapshot(session, host=host, snap=snap, devices=devices, now=now, settings=settings)
         if snap.processes and not snap.stale:
-            if batch is not None:
-                batch.check_ins.append((host.id, at))
-            else:
-                checkin.mark_checked_in(session, host_id=host.id, at=at)  # one UPDATE, none already checked in
-    _rollup(session, snap, devices, at, batch)
+            batch.check_ins.append((host.id, at))
+    _rollup(snap, devices, at, batch)
     findings_service.record_findings(session, host=host, reports=snap.findings, now=now, settings=settings)
-    # the batch read the ack rows before this snapshot's writes: read again if it moved a device's index
-    fresh = batch is None or ingest_state.reindexed(snap, stored)
+    if alone:
+        write_batch(session, batch)
+    # the ack rows were read before this snapshot's writes: read again if it moved a device's index
+    fresh = ingest_state.reindexed(snap, stored)
     return build_ack(session, host=host, seq=snap.seq, duplicate=False, settings=settings, now=now,
                      rows=None if fresh else batch.acks[host.id])
 

@@ -66,8 +66,6 @@ _SHARE_ROWS = union_all(
     .join(_U, _u.id == _gm.user_id)
     .where(_rs.reservation_id.in_(bindparam("ids", expanding=True))),
 )
-_UID_ROWS = select(_u.unix_uid, _u.unix_name).where(and_(_u.unix_uid.is_not(None), _u.active.is_(True)))
-_OPEN_DEVICES = select(_d.uuid).where(_d.host_id == bindparam("host_id"), _d.is_open.is_(True))
 # What every ack reads, in one statement (two round trips less per snapshot): the table rows
 # (kind 0, in _TABLE_ROWS' order), the host's open devices (kind 1: uuid) and the uid table
 # (kind 2: unix_name, unix_uid), each branch padded with NULLs to _TABLE_ROWS' columns, then
@@ -209,12 +207,10 @@ def reservation_table(session: Session, *, host: Host, now: datetime, rows: tupl
     return table
 
 
-def uid_table(session: Session, rows: tuple | None = None) -> dict[int, str]:
+def uid_table(rows: tuple) -> dict[int, str]:
     """Unix uid -> unix_name of every active user with a uid: the agent judges a process whose
-    uid has no passwd entry on the host (directory users) by this table. ``rows``: the
-    ``(unix_uid, unix_name)`` rows when already read."""
-    if rows is None:
-        rows = tuple(session.execute(_UID_ROWS).tuples())
+    uid has no passwd entry on the host (directory users) by this table. ``rows``: its
+    ``(unix_uid, unix_name)`` rows, read with the ack's (``_ack_rows``)."""
     with _lock:
         hit = _uids[0] if _uids else None
     if hit is not None and hit[0] == rows:
@@ -242,6 +238,6 @@ def build_ack(session: Session, *, host: Host, seq: int, duplicate: bool, settin
         policy=host_policy(host),
         reservations=reservation_table(session, host=host, now=now, rows=tuple(rows.table)),
         open_devices=rows.open_devices,
-        unix_uids=uid_table(session, tuple(rows.uids)),
+        unix_uids=uid_table(tuple(rows.uids)),
         booking_url=settings.base_url.rstrip("/") + "/book",
     )

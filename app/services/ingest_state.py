@@ -70,7 +70,6 @@ _UPDATE_TELEMETRY = (update(_tel).where(_tel.c.device_id == bindparam("_id"))
                      .values({f: bindparam(f) for f in (*TELEMETRY_FIELDS, "collected_at")}))
 _TOUCH_TELEMETRY = (update(_tel).where(_tel.c.device_id.in_(bindparam("ids", expanding=True)))
                     .values(collected_at=bindparam("at")))
-_SELECT_PROCESSES = select(*(_proc.c[f] for f in PROCESS_FIELDS)).where(_proc.c.host_id == bindparam("host_id"))
 _SELECT_HOSTS_PROCESSES = (select(_proc.c.host_id, *(_proc.c[f] for f in PROCESS_FIELDS))
                            .where(_proc.c.host_id.in_(bindparam("host_ids", expanding=True))))
 _DELETE_PROCESSES = delete(_proc).where(_proc.c.host_id == bindparam("host_id"))
@@ -164,16 +163,15 @@ class BatchRows:
         return [self.devices[u] for u in sorted(set(uuids)) if u in self.devices]
 
 
-def batch_rows(session: Session, snaps: list[tuple[int, Snapshot]], now: datetime) -> BatchRows:
-    """The stored rows for ``snaps``: ``(host id, snapshot)`` pairs of distinct hosts that
-    name no common device (a batch holds no two such, :mod:`app.api.snapshot_batch`), so no
-    snapshot's ingest changes the rows read here for another; the acks' rows as of ``now``
-    (UTC)."""
-    if not snaps:
+def batch_rows(session: Session, host_ids: list[int], uuids: set[str], now: datetime) -> BatchRows:
+    """The stored rows for a batch's snapshots: of hosts ``host_ids`` (distinct), naming the
+    devices ``uuids`` (:func:`snapshot_uuids`; no device named by two of them, as a batch
+    holds no two such, :mod:`app.api.snapshot_batch`, so no snapshot's ingest changes the rows
+    read here for another); the acks' rows as of ``now`` (UTC)."""
+    if not host_ids:
         return BatchRows({}, {}, {})
-    named = set().union(*(snapshot_uuids(snap) for _, snap in snaps))
-    devices = {r[0]: r for r in load_devices(session, named)}
-    processes: dict[int, list[tuple]] = {host_id: [] for host_id, _ in snaps}
+    devices = {r[0]: r for r in load_devices(session, uuids)}
+    processes: dict[int, list[tuple]] = {host_id: [] for host_id in host_ids}
     for row in session.execute(_SELECT_HOSTS_PROCESSES, {"host_ids": sorted(processes)}):
         processes[row[0]].append(tuple(row[1:]))
     return BatchRows(devices, processes, ingest_ack.batch_ack_rows(session, list(processes), now))
@@ -222,11 +220,11 @@ def upsert_devices(session: Session, host: Host, snap: Snapshot, stored: list[tu
 
 
 def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str, DeviceRef], at: datetime,
-                 stored: list[tuple], touches: Touches, processes: list[tuple] | None = None) -> None:
+                 stored: list[tuple], touches: Touches, processes: list[tuple]) -> None:
     """Latest telemetry (one row per device) and process list of ``host`` as of ``at`` (UTC):
     rows whose values changed are rewritten, the rest only get the new collection time (added
     to ``touches``). ``stored`` is :func:`load_devices`' answer (it carries the stored telemetry);
-    ``processes``, the host's stored process rows when already read (:class:`BatchRows`)."""
+    ``processes``: the host's stored process rows (:class:`BatchRows`)."""
     touches.at = at
     ids = [devices[d.uuid].id for d in snap.devices]
     if ids:
@@ -252,12 +250,11 @@ def store_latest(session: Session, host: Host, snap: Snapshot, devices: dict[str
         if dev is not None:
             procs.append((dev.id, p.pid, p.type, p.used_memory_mib, p.uid, p.unix_user, p.command, p.name, p.create_time,
                           p.container_id, p.owner_status))
-    had = processes if processes is not None else [tuple(r) for r in session.execute(_SELECT_PROCESSES, {"host_id": host.id})]
-    if Counter(had) == Counter(procs):
+    if Counter(processes) == Counter(procs):
         if procs:
             touches.processes_of = host.id
         return
-    if had:
+    if processes:
         session.execute(_DELETE_PROCESSES, {"host_id": host.id})
     if procs:
         session.execute(_INSERT_PROCESS, [dict(zip(PROCESS_FIELDS, p), host_id=host.id, seen_at=at) for p in procs])

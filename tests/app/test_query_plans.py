@@ -143,7 +143,8 @@ def test_hot_queries_never_scan_large_tables_sequentially(seeded_pg, tmp_path):
 
                 (host,) = host_service.hosts_for_tokens(s, [host_token]).values()
                 snap = Snapshot.model_validate(snapshot_body("node-01", 3, busy, procs))
-                assert ingest_state.batch_rows(s, [(host.id, snap)], datetime.now(UTC)).acks[host.id].table
+                rows = ingest_state.batch_rows(s, [host.id], ingest_state.snapshot_uuids(snap), datetime.now(UTC))
+                assert rows.acks[host.id].table
 
             run_in_transaction(factory, batch_reads)
             # the usage report reads the rollups of the reserved devices over its period

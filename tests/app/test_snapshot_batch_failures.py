@@ -52,10 +52,10 @@ def test_a_database_that_cannot_be_had_answers_the_whole_batch_at_once(client, a
     hosts = [make_host(f"node-{k:02d}") for k in range(4)]
     real = ingest_state.batch_rows
 
-    def lost(session, snaps, now):
-        if len(snaps) > 1:
+    def lost(session, host_ids, uuids, now):
+        if len(host_ids) > 1:
             raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
-        return real(session, snaps, now)
+        return real(session, host_ids, uuids, now)
 
     alone = []
     real_alone = snapshot_batch.ingest_alone
