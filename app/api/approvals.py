@@ -13,7 +13,6 @@ from app.api.deps import AdminUser, CurrentUser, RowId, SessionDep, SettingsDep,
 from app.api.idempotency import IdempotencyDep
 from app.errors import InvalidInput
 from app.models import GroupMember, User, utcnow
-from app.models.finding import AuditLog
 from app.periodic import run_periodically
 from app.schemas.approvals import Decision, MaintenanceCreate, MaintenanceRead, ManagersChange, OverriddenRead
 from app.schemas.reservation import ReservationRead
@@ -23,6 +22,7 @@ from app.services import maintenance as maintenance_service
 from app.services import reservations as reservation_service
 from app.services.conflicts import loaded_options
 from app.timeutil import parse_instant
+from app.services.audit import record_audit
 
 router = api_router(tags=["approvals"])
 log = logging.getLogger(__name__)
@@ -68,8 +68,8 @@ def set_managers(name: str, data: ManagersChange, admin: AdminUser, session: Wri
         if m is None:
             raise InvalidInput(f"users: {username!r} is not a member of group {name!r}", field="users")
         m.is_manager = data.manager
-    session.add(AuditLog(actor=f"user:{admin.username}", action="group.managers", target=f"group:{name}",
-                         detail={"users": data.users, "manager": data.manager}))
+    record_audit(session, actor=f"user:{admin.username}", action="group.managers", target=f"group:{name}",
+                 detail={"users": data.users, "manager": data.manager})
     session.flush()
     return managers(session, g.id)
 

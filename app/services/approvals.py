@@ -29,11 +29,12 @@ from sqlalchemy.orm import Session
 from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import Forbidden
-from app.models import AuditLog, Device, GroupMember, Reservation, ReservationDevice, User
+from app.models import Device, GroupMember, Reservation, ReservationDevice, User
 from app.models.reservation import PENDING
 from app.services import holder_notices, lifecycle
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import fmt_duration, fmt_hours, fmt_local
+from app.services.audit import record_audit
 
 KEY_LIMITS = "gpuroster.resolved_limits"  # rules.validate_reservation leaves the owner's limits here
 
@@ -126,8 +127,8 @@ def decide(session: Session, *, actor: User, reservation_id: int, approve: bool,
         r.cancelled_at = now
         for i in r.items:
             i.active = False
-    session.add(AuditLog(actor=f"user:{actor.username}", action=f"reservation.{action.value}",
-                         target=f"reservation:{r.id}", detail={"reason": reason} if reason else {}))
+    record_audit(session, actor=f"user:{actor.username}", action=f"reservation.{action.value}",
+                 target=f"reservation:{r.id}", detail={"reason": reason} if reason else {})
     when = f"{fmt_local(r.start_at, settings.tz)} – {fmt_local(r.end_at, settings.tz)}"
     with use_locale(r.user.language):  # the owner reads it in the language they chose
         args = {"id": r.id, "host": r.host.name, "when": when, "actor": actor.username, "reason": reason}
@@ -167,8 +168,8 @@ def expire_due(session: Session, *, now: datetime, settings: Settings, load, ids
                         .execution_options(synchronize_session=False))
         for i in r.items:
             i.active = False
-        session.add(AuditLog(actor="system", action="reservation.expire", target=f"reservation:{r.id}",
-                             detail={"start": r.start_at.isoformat()}))
+        record_audit(session, actor="system", action="reservation.expire", target=f"reservation:{r.id}",
+                     detail={"start": r.start_at.isoformat()})
         with use_locale(r.user.language):
             subject = gettext("[gpuroster] reservation %(id)s expired", id=r.id)
             text = gettext("Your reservation %(id)s on %(host)s reached its start %(start)s without approval and expired.",

@@ -24,13 +24,14 @@ from sqlalchemy.orm import Session
 from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.models import AuditLog, QuotaBoost, User
+from app.models import QuotaBoost, User
 from app.services import holder_notices
 from app.services.approvals import managed_user_ids, may_decide_for
 from app.services.boost_limits import INT_LIMITS
 from app.services.limits import NUMERIC_LIMITS, resolve_limits
 from app.services.quotas import fmt_hours
 from app.timeutil import fmt_duration, fmt_local
+from app.services.audit import record_audit
 
 #: the limits a boost may raise
 BOOSTABLE = NUMERIC_LIMITS
@@ -98,9 +99,9 @@ def ask(session: Session, *, user: User, limit_name: str, value: float, reason: 
                    status="pending", created_at=now)
     session.add(b)
     session.flush()
-    session.add(AuditLog(actor=f"user:{user.username}", action="boost.ask", target=f"boost:{b.id}",
-                         detail={"user": user.username, "limit": limit_name, "value": float(value),
-                                 "from": current.value, "end": ends_at.isoformat(), "reason": b.reason}))
+    record_audit(session, actor=f"user:{user.username}", action="boost.ask", target=f"boost:{b.id}",
+                 detail={"user": user.username, "limit": limit_name, "value": float(value),
+                         "from": current.value, "end": ends_at.isoformat(), "reason": b.reason})
     return b
 
 
@@ -167,9 +168,9 @@ def decide(session: Session, *, actor: User, boost_id: int, approve: bool, reaso
     b.decision_reason = (reason or "").strip()[:1024] or None
     if approve and (b.user.boost_until is None or b.user.boost_until < b.ends_at):
         b.user.boost_until = b.ends_at
-    session.add(AuditLog(actor=f"user:{actor.username}", action=f"boost.{'approve' if approve else 'deny'}",
-                         target=f"boost:{b.id}", detail={"user": b.user.username, "limit": b.limit_name,
-                                                         "value": b.value, "reason": b.decision_reason}))
+    record_audit(session, actor=f"user:{actor.username}", action=f"boost.{'approve' if approve else 'deny'}",
+                 target=f"boost:{b.id}", detail={"user": b.user.username, "limit": b.limit_name,
+                                                 "value": b.value, "reason": b.decision_reason})
     with use_locale(b.user.language):  # the member reads it in the language they chose
         args = {"id": b.id, "actor": actor.username, "reason": b.decision_reason,
                 "what": gettext("%(limit)s to %(value)s until %(end)s", limit=b.limit_name,

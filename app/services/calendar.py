@@ -28,9 +28,10 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import NotFound
-from app.models import AuditLog, GroupMember, Host, Reservation, ReservationShare, User, utcnow
+from app.models import GroupMember, Host, Reservation, ReservationShare, User, utcnow
 from app.security import token_hash
 from app.services import reservations as reservation_service
+from app.services.audit import record_audit
 
 PAST = timedelta(days=90)
 AHEAD = timedelta(days=400)
@@ -142,7 +143,7 @@ def user_feed_token(session: Session, *, user: User, rotate: bool = False) -> st
         return None
     plain = secrets.token_urlsafe(24)
     user.feed_token_hash = token_hash(plain)
-    session.add(AuditLog(actor=f"user:{user.username}", action="feed.rotate", target=f"user:{user.username}"))
+    record_audit(session, actor=f"user:{user.username}", action="feed.rotate", target=f"user:{user.username}")
     session.flush()
     return plain
 
@@ -153,6 +154,6 @@ def host_feed_token(session: Session, *, host: Host, actor: User, rotate: bool =
         return None
     plain = secrets.token_urlsafe(24)
     host.feed_token_hash = token_hash(plain)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="feed.rotate", target=f"host:{host.name}"))
+    record_audit(session, actor=f"user:{actor.username}", action="feed.rotate", target=f"host:{host.name}")
     session.flush()
     return plain

@@ -26,12 +26,13 @@ from sqlalchemy import and_, bindparam, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden
-from app.models import AuditLog, Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice, User
+from app.models import Device, DeviceProcess, DeviceTelemetry, Finding, Host, Reservation, ReservationDevice, User
 from app.models.states import FindingKind, FindingState, HostStatus
 from app.services import lifecycle, slot_freed
 from app.services.devices import host_status
 from app.services.reservations import checkin_question
 from app.services.limits import resolve_limits
+from app.services.audit import record_audit
 
 # Used where a rule sets the feature on but leaves these unset (minutes; the silence policy).
 DEFAULTS = {"checkin_min_booking_minutes": 60, "checkin_grace_minutes": 15, "idle_after_minutes": 60,
@@ -210,8 +211,8 @@ def keep(session: Session, *, actor: str, actor_user: User | None, reservation_i
         r.idle_kept_at = now
         close(session, r, FindingKind.IDLE_HOLDER, FindingState.RESOLVED, now=now, message="holder answered keep")
     r.updated_at = now
-    session.add(AuditLog(actor=actor, action="reservation.keep", target=f"reservation:{r.id}",
-                         detail={"question": question}))
+    record_audit(session, actor=actor, action="reservation.keep", target=f"reservation:{r.id}",
+                 detail={"question": question})
     session.flush()
     return r
 

@@ -33,13 +33,14 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.errors import AppError
 from app.i18n import N_, gettext, use_locale
-from app.models import AuditLog, DeviceTelemetry, Reservation, UsageRollup
+from app.models import DeviceTelemetry, Reservation, UsageRollup
 from app.models.states import FindingKind, FindingState
 from app.services import answer_links, checkin, holder_notices, lifecycle
 from app.services.conflicts import loaded_options
 from app.services.reservations import apply_end, load_locked
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import fmt_local
+from app.services.audit import record_audit
 
 log = logging.getLogger(__name__)
 # Share of the idle window's minutes that must have healthy rollups: a host that was not
@@ -125,8 +126,8 @@ def _release_devices(session: Session, r: Reservation, device_ids: list[int], *,
     r.idle_asked_at = None  # the rest may be asked about again
     r.sequence += 1
     r.updated_at = now
-    session.add(AuditLog(actor="system", action="reservation.release_devices", target=f"reservation:{r.id}",
-                         detail={"devices": sorted(uuids), "reason": "idle, no answer"}))
+    record_audit(session, actor="system", action="reservation.release_devices", target=f"reservation:{r.id}",
+                 detail={"devices": sorted(uuids), "reason": "idle, no answer"})
     checkin.close(session, r, FindingKind.IDLE_HOLDER, FindingState.TERMINATED, now=now,
                   message=f"idle devices released: {', '.join(sorted(uuids))}")
     with use_locale(r.user.language):

@@ -15,10 +15,11 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import AppError, Unauthorized
-from app.models import ApiToken, AuditLog, User, utcnow
+from app.models import ApiToken, User, utcnow
 from app.security import verify_password
 from app.services import signin_throttle
 from app.services import users as user_service
+from app.services.audit import record_audit
 
 
 class TooManyAttempts(AppError):
@@ -65,6 +66,6 @@ def issue_token(
         return LoginOutcome(error=Unauthorized("wrong username or password"))
     signin_throttle.clear(session, username=username, address=address, settings=settings, now=now)
     row, plain = user_service.create_api_token(session, user=user, name=name, expires_days=expires_days)
-    session.add(AuditLog(actor=f"user:{username}", action="token.create_by_password", target=f"user:{username}",
-                         detail={"name": name, "address": address}))
+    record_audit(session, actor=f"user:{username}", action="token.create_by_password", target=f"user:{username}",
+                 detail={"name": name, "address": address})
     return LoginOutcome(token=plain, row=row)

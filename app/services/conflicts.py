@@ -243,20 +243,6 @@ def conflict_error(
     )
 
 
-def insert_items(session: Session, r: Reservation, devices: Sequence[Device]) -> None:
-    for d in devices:
-        r.items.append(
-            ReservationDevice(
-                device=d,
-                physical_id=d.physical_id,
-                slice_kind=1 if d.parent_id else 0,
-                start_at=r.start_at,
-                end_at=r.end_at,
-                active=True,
-            )
-        )
-
-
 def write_guarded(
     session: Session,
     mutate: Callable[[], None],

@@ -20,8 +20,9 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Forbidden, InvalidInput
-from app.models import AuditLog, User, WebSession
+from app.models import User, WebSession
 from app.security import hash_password, verify_password
+from app.services.audit import record_audit
 
 MIN_PASSWORD = 8
 MAX_PASSWORD = 1024
@@ -50,8 +51,8 @@ def end_web_sessions(
         count_q = count_q.where(WebSession.id != keep_session_id)
     n = int(session.scalar(count_q) or 0)
     session.execute(q)
-    session.add(AuditLog(actor=actor, action="user.sessions_ended", target=f"user:{user.username}",
-                         detail={"reason": reason, "sessions": n}))
+    record_audit(session, actor=actor, action="user.sessions_ended", target=f"user:{user.username}",
+                 detail={"reason": reason, "sessions": n})
     return n
 
 
@@ -78,7 +79,7 @@ def set_password(session: Session, *, actor: str, user: User, password: str) -> 
     Raises InvalidInput (``password``) for a too short or too long password."""
     check_new_password(password)
     user.password_hash = hash_password(password)
-    session.add(AuditLog(actor=actor, action="user.password_set", target=f"user:{user.username}", detail={}))
+    record_audit(session, actor=actor, action="user.password_set", target=f"user:{user.username}", detail={})
     return end_web_sessions(session, user=user, reason="password reset", actor=actor)
 
 
@@ -99,5 +100,5 @@ def change_own_password(
         raise InvalidInput("new_password: must differ from the current password", field="new_password")
     user.password_hash = hash_password(new)
     who = f"user:{user.username}"
-    session.add(AuditLog(actor=who, action="user.password_change", target=who, detail={}))
+    record_audit(session, actor=who, action="user.password_change", target=who, detail={})
     return end_web_sessions(session, user=user, reason="password change", actor=who, keep_session_id=keep_session_id)

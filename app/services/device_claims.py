@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session
 
 from agent.schema import Snapshot
 from app.errors import Conflict, InvalidInput, NotFound
-from app.models import AuditLog, Device, DeviceConflict, Host, Reservation, ReservationDevice, User, utcnow
+from app.models import Device, DeviceConflict, Host, Reservation, ReservationDevice, User, utcnow
 from app.schemas.host import DeviceConflictRead
 from app.services import hosts as host_service
+from app.services.audit import record_audit
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,8 @@ def refuse_foreign_devices(session: Session, *, host: Host, snap: Snapshot, now:
         conflict = existing.get(dev.id)
         if conflict is None:
             session.add(DeviceConflict(device_id=dev.id, claimed_by_host_id=host.id, first_at=now, last_at=now, count=1))
-            session.add(AuditLog(actor=f"host:{host.name}", action="device.claim_refused", target=f"device:{uuid}",
-                                 detail={"owner_host": owners.get(dev.host_id), "claimed_by": host.name, "seq": snap.seq}))
+            record_audit(session, actor=f"host:{host.name}", action="device.claim_refused", target=f"device:{uuid}",
+                         detail={"owner_host": owners.get(dev.host_id), "claimed_by": host.name, "seq": snap.seq})
             log.warning("host %s reported device %s, which belongs to host %s: refused", host.name, uuid,
                         owners.get(dev.host_id))
         else:
@@ -108,7 +109,7 @@ def move_device(session: Session, *, actor: User, uuid: str, to_host: str) -> De
     for d in (dev, *children):
         d.host_id = target.id
     session.execute(delete(DeviceConflict).where(DeviceConflict.device_id.in_(ids)))
-    session.add(AuditLog(actor=f"user:{actor.username}", action="device.move", target=f"device:{dev.uuid}",
-                         detail={"from": source.name if source else None, "to": target.name}))
+    record_audit(session, actor=f"user:{actor.username}", action="device.move", target=f"device:{dev.uuid}",
+                 detail={"from": source.name if source else None, "to": target.name})
     session.flush()
     return dev

@@ -12,13 +12,14 @@ from sqlalchemy.orm import Session, selectinload
 from app.i18n import gettext
 from app.errors import NotFound
 from app.models import (
-    AuditLog, Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User,
+    Device, DeviceProcess, DeviceQuarantine, DeviceTelemetry, Finding, Host, Reservation, User,
 )
 from app.models.states import LIVE_FINDING_STATES, DeviceStatus, HostStatus
 from app.schemas.host import DeviceRead, HolderRead, HostRead, ProcessRead, QuarantineRef, TelemetryRead
 from app.services.conflicts import holder_at, holdings
 from app.services.device_names import device_label
 from app.services.quarantined import open_by_device, quarantine_of
+from app.services.audit import record_audit
 
 STALE_INTERVALS = 3  # no snapshot for three intervals: the agent is stale
 CLOCK_TROUBLE_SHOWN = timedelta(days=1)  # an implausible collected_at stays on the host this long
@@ -261,5 +262,5 @@ def update_device(session: Session, *, uuid: str, retired: bool | None, is_open:
         dev.retired_at = now if retired else None
     if is_open is not None:
         dev.is_open = is_open
-    session.add(AuditLog(actor=actor, action="device.update", target=f"device:{uuid}", detail={"retired": retired, "is_open": is_open}))
+    record_audit(session, actor=actor, action="device.update", target=f"device:{uuid}", detail={"retired": retired, "is_open": is_open})
     return dev

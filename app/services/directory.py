@@ -16,8 +16,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
-from app.models import AuditLog, Group, GroupMember, User
+from app.models import Group, GroupMember, User
 from app.services.users import NAME_RE, create_user
+from app.services.audit import record_audit
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,9 @@ def _sync_managers(session: Session, *, user: User, manages: set[str], managed: 
             gm.is_manager = want
             changed[name] = want
     if changed:
-        session.add(AuditLog(actor=source, action="user.managers_sync", target=f"user:{user.username}",
-                             detail={"manager_of": sorted(n for n, on in changed.items() if on),
-                                     "no_longer_manager_of": sorted(n for n, on in changed.items() if not on)}))
+        record_audit(session, actor=source, action="user.managers_sync", target=f"user:{user.username}",
+                     detail={"manager_of": sorted(n for n, on in changed.items() if on),
+                             "no_longer_manager_of": sorted(n for n, on in changed.items() if not on)})
         session.flush()
 
 
@@ -125,6 +126,6 @@ def _sync_groups(session: Session, *, user: User, wanted: set[str], managed: set
         session.execute(delete(GroupMember).where(GroupMember.user_id == user.id,
                                                   GroupMember.group_id.in_([g.id for g in gone])))
     if added or gone:
-        session.add(AuditLog(actor=source, action="user.groups_sync", target=f"user:{user.username}",
-                             detail={"added": added, "removed": sorted(g.name for g in gone)}))
+        record_audit(session, actor=source, action="user.groups_sync", target=f"user:{user.username}",
+                     detail={"added": added, "removed": sorted(g.name for g in gone)})
     session.flush()

@@ -36,6 +36,7 @@ from app.models import AuditLog, Device, Finding, Host, Notice, Reservation, Use
 from app.models.states import LIVE_FINDING_STATES
 from app.schemas.finding import ActionRead, FindingRead, NoticeRead
 from app.services import disclosure
+from app.services.audit import record_audit
 
 FINAL_STATES = ("terminated", "resolved")
 ACTIVE_STATES = LIVE_FINDING_STATES
@@ -158,11 +159,9 @@ def _record_actions(session: Session, host: Host, f: Finding, rep: FindingReport
         if (action, a.at) in have:
             continue
         have.add((action, a.at))
-        session.add(AuditLog(
-            at=a.at, actor=actor, action=action, target=target,
-            detail={"key": f.key, "kind": f.kind, "pid": a.pid, "create_time": a.create_time, "reason": a.reason,
-                    "unix_user": f.unix_user, "device_uuid": rep.device_uuid},
-        ))
+        record_audit(session, at=a.at, actor=actor, action=action, target=target,
+                     detail={"key": f.key, "kind": f.kind, "pid": a.pid, "create_time": a.create_time, "reason": a.reason,
+                             "unix_user": f.unix_user, "device_uuid": rep.device_uuid})
 
 
 # ------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput, NotFound
-from app.models import AuditLog, Group, GroupMember, User, utcnow
+from app.models import Group, GroupMember, User, utcnow
 from app.services.users import validate_name
+from app.services.audit import record_audit
 
 
 def get_group(session: Session, name: str) -> Group:
@@ -62,8 +63,8 @@ def create_group(
     session.flush()
     for u in users:
         session.add(GroupMember(group_id=g.id, user_id=u.id))
-    session.add(AuditLog(actor=f"user:{actor.username}", action="group.create", target=f"group:{name}",
-                         detail={"members": [u.username for u in users]}))
+    record_audit(session, actor=f"user:{actor.username}", action="group.create", target=f"group:{name}",
+                 detail={"members": [u.username for u in users]})
     session.flush()
     return g
 
@@ -74,7 +75,7 @@ def delete_group(session: Session, *, name: str, actor: User) -> Group:
     # Core delete: the database cascades to members, rules and shares (ON DELETE CASCADE).
     session.execute(delete(Group).where(Group.id == g.id))
     session.expunge(g)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="group.delete", target=f"group:{name}"))
+    record_audit(session, actor=f"user:{actor.username}", action="group.delete", target=f"group:{name}")
     session.flush()
     return g
 
@@ -87,8 +88,8 @@ def add_members(session: Session, *, name: str, usernames: Sequence[str], actor:
     added = [u for u in users if u.id not in present]
     for u in added:
         session.add(GroupMember(group_id=g.id, user_id=u.id))
-    session.add(AuditLog(actor=f"user:{actor.username}", action="group.add_members", target=f"group:{name}",
-                         detail={"users": [u.username for u in added]}))
+    record_audit(session, actor=f"user:{actor.username}", action="group.add_members", target=f"group:{name}",
+                 detail={"users": [u.username for u in added]})
     session.flush()
     return g
 
@@ -100,7 +101,7 @@ def remove_member(session: Session, *, name: str, username: str, actor: User) ->
     if uid is None or session.get(GroupMember, (g.id, uid)) is None:
         raise NotFound(f"user {username!r} is not a member of group {name!r}", field="user")
     session.execute(delete(GroupMember).where(GroupMember.group_id == g.id, GroupMember.user_id == uid))
-    session.add(AuditLog(actor=f"user:{actor.username}", action="group.remove_member", target=f"group:{name}",
-                         detail={"user": username}))
+    record_audit(session, actor=f"user:{actor.username}", action="group.remove_member", target=f"group:{name}",
+                 detail={"user": username})
     session.flush()
     return g

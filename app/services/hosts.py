@@ -9,8 +9,9 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from app.models import AuditLog, Host, User
+from app.models import Host, User
 from app.security import HOST_TOKEN_PREFIX, new_token, token_hash
+from app.services.audit import record_audit
 
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -25,14 +26,14 @@ def create_host(session: Session, *, name: str, actor: str = "system") -> tuple[
     host = Host(name=name, token_hash=token_hash(plain), exempt_users=[])
     session.add(host)
     session.flush()
-    session.add(AuditLog(actor=actor, action="host.create", target=f"host:{name}"))
+    record_audit(session, actor=actor, action="host.create", target=f"host:{name}")
     return host, plain
 
 
 def rotate_host_token(session: Session, *, host: Host, actor: str) -> str:
     plain = new_token(HOST_TOKEN_PREFIX)
     host.token_hash = token_hash(plain)
-    session.add(AuditLog(actor=actor, action="host.rotate_token", target=f"host:{host.name}"))
+    record_audit(session, actor=actor, action="host.rotate_token", target=f"host:{host.name}")
     return plain
 
 
@@ -43,7 +44,7 @@ def update_host(session: Session, *, actor: User, name: str, changes: dict[str, 
     host = get_host(session, name)
     for k, v in changes.items():
         setattr(host, k, v)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="host.update", target=f"host:{name}", detail=changes))
+    record_audit(session, actor=f"user:{actor.username}", action="host.update", target=f"host:{name}", detail=changes)
     session.flush()
     return host
 

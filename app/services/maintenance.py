@@ -25,12 +25,14 @@ from sqlalchemy.orm import Session
 from app.i18n import gettext, use_locale
 from app.config import Settings
 from app.errors import InvalidInput
-from app.models import AuditLog, Device, Reservation, User
+from app.models import Device, Reservation, User
 from app.services import holder_notices, lifecycle
-from app.services.conflicts import conflict_error, find_conflicts, insert_items, write_guarded
+from app.services.booking_write import add_reservation
+from app.services.conflicts import conflict_error, find_conflicts
 from app.services.device_refs import resolve_bookable_devices
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import MAX_INSTANT, fmt_local
+from app.services.audit import record_audit
 
 
 @dataclass
@@ -72,17 +74,13 @@ def create(session: Session, *, actor: User, host_name: str, refs: list[str | in
     for c in sorted(found, key=lambda c: c.id):
         done.append(_override(session, c.id, actor=actor, start=start, reason=reason, settings=settings, now=now,
                               load=load))
-    m = Reservation(user=actor, host=host, start_at=start, end_at=end, status="confirmed", kind="maintenance",
-                    note=reason, created_by_id=actor.id, override_reason=reason if override else None,
-                    created_at=now, updated_at=now)
-    m.items = []
-    m.shares = []
-    insert_items(session, m, sorted(devices, key=lambda d: d.id))
-    write_guarded(session, lambda: session.add(m), devices=devices, start=start, end=end, exclude_id=None,
-                  tz=settings.tz)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="maintenance.create", target=f"reservation:{m.id}",
-                         detail={"reason": reason, "override": override, "open_ended": end == MAX_INSTANT,
-                                 "overridden": [vars(o) | {"end": o.end.isoformat()} for o in done]}))
+    m = add_reservation(session, user=actor, host=host, devices=devices, start=start, end=end,
+                        values={"status": "confirmed", "kind": "maintenance", "note": reason, "created_by_id": actor.id,
+                                "override_reason": reason if override else None, "created_at": now, "updated_at": now},
+                        tz=settings.tz)
+    record_audit(session, actor=f"user:{actor.username}", action="maintenance.create", target=f"reservation:{m.id}",
+                 detail={"reason": reason, "override": override, "open_ended": end == MAX_INSTANT,
+                         "overridden": [vars(o) | {"end": o.end.isoformat()} for o in done]})
     session.flush()
     return m, done
 
@@ -104,9 +102,9 @@ def _override(session: Session, rid: int, *, actor: User, start: datetime, reaso
             i.active = False
     r.sequence += 1
     r.updated_at = now
-    session.add(AuditLog(actor=f"user:{actor.username}", action="reservation.override", target=f"reservation:{r.id}",
-                         detail={"result": "shortened" if cut else "cancelled", "from": old_end.isoformat(),
-                                 "to": r.end_at.isoformat(), "reason": reason}))
+    record_audit(session, actor=f"user:{actor.username}", action="reservation.override", target=f"reservation:{r.id}",
+                 detail={"result": "shortened" if cut else "cancelled", "from": old_end.isoformat(),
+                         "to": r.end_at.isoformat(), "reason": reason})
     with use_locale(r.user.language):  # the owner reads it in the language they chose
         args = {"id": r.id, "host": r.host.name, "start": fmt_local(r.start_at, settings.tz),
                 "end": fmt_local(old_end, settings.tz), "actor": actor.username, "reason": reason,

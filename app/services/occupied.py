@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from agent.schema import Snapshot
 from app.models import AuditLog, Device, DeviceTelemetry, Host, Reservation, ReservationDevice
+from app.services.audit import record_audit
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ def record_warnings(session: Session, *, host: Host, snap: Snapshot, devices: di
             continue
         d = flagged[dev_id]
         line = describe(d.uuid, d.process_data, d.last_owner, d.process_data_detail)
-        session.add(AuditLog(actor=f"host:{host.name}", action=ACTION, target=target,
-                             detail={"user": r.user.username, "starts": r.start_at.isoformat(), "message": line}))
+        record_audit(session, actor=f"host:{host.name}", action=ACTION, target=target,
+                     detail={"user": r.user.username, "starts": r.start_at.isoformat(), "message": line})
         log.warning("reservation %d of %s (starts %s): %s", r.id, r.user.username, r.start_at.isoformat(), line)
         written += 1
     return written

@@ -31,10 +31,11 @@ from sqlalchemy.orm.attributes import set_committed_value
 from agent.schema import Snapshot
 from app.config import Settings
 from app.errors import Conflict, InvalidInput, NotFound
-from app.models import AuditLog, Device, DeviceQuarantine, Host
+from app.models import Device, DeviceQuarantine, Host
 from app.schemas.quarantine import QuarantineRead
 from app.services import quarantine_notices
 from app.services.health_rule import Condition, critical_conditions, describe
+from app.services.audit import record_audit
 
 
 def _set_watch(session: Session, host: Host, watch: bool) -> None:
@@ -115,8 +116,8 @@ def _open(session: Session, *, host: Host, device_id: int, conds: list[Condition
     session.add(q)
     session.flush()
     device = session.get(Device, device_id)
-    session.add(AuditLog(actor=f"host:{host.name}", action="quarantine.open", target=f"device:{device.uuid}",
-                         detail={"quarantine": q.id, "reason": q.reason, "conditions": q.conditions}))
+    record_audit(session, actor=f"host:{host.name}", action="quarantine.open", target=f"device:{device.uuid}",
+                 detail={"quarantine": q.id, "reason": q.reason, "conditions": q.conditions})
     quarantine_notices.tell_opened(session, host=host, device=device, quarantine=q, now=now, settings=settings)
     return q
 
@@ -126,9 +127,9 @@ def _close(session: Session, q: DeviceQuarantine, *, actor: str, note: str | Non
     q.cleared_by = actor
     q.clear_note = (note or None) and note[:512]
     uuid = session.scalar(select(Device.uuid).where(Device.id == q.device_id))
-    session.add(AuditLog(actor=actor, action="quarantine.clear", target=f"device:{uuid}",
-                         detail={"quarantine": q.id, "reason": q.reason, "note": q.clear_note,
-                                 "since": q.started_at.isoformat()}))
+    record_audit(session, actor=actor, action="quarantine.clear", target=f"device:{uuid}",
+                 detail={"quarantine": q.id, "reason": q.reason, "note": q.clear_note,
+                         "since": q.started_at.isoformat()})
 
 
 def clear(session: Session, *, actor: str, uuid: str, note: str | None, now: datetime) -> DeviceQuarantine:

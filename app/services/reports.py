@@ -53,6 +53,7 @@ from app.models.states import FindingKind
 from app.schemas.report import ReservationUsage, UsageReport, UserUsage
 from app.services import ingest, report_counts, report_hosts
 from app.timeutil import parse_instant
+from app.services.audit import record_audit
 
 DEFAULT_THRESHOLD_PCT = 5.0  # the agent's default idle threshold (HostPolicy.idle_utilization_pct)
 MAX_PERIOD = timedelta(days=366)
@@ -363,8 +364,8 @@ def prune_history(session: Session, *, settings: Settings, now: datetime, force:
         if recent is not None:
             return False
     ingest.prune(session, settings=settings, now=now)
-    session.add(AuditLog(at=now, actor="system", action=PRUNE_ACTION, target="usage_rollups",
-                         detail={"retention_days": settings.rollup_retention_days}))
+    record_audit(session, at=now, actor="system", action=PRUNE_ACTION, target="usage_rollups",
+                 detail={"retention_days": settings.rollup_retention_days})
     return True
 
 

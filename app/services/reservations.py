@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.errors import Forbidden, InvalidInput, NotFound
 from app.models import (
-    AuditLog,
     Device,
     Host,
     Reservation,
@@ -32,12 +31,14 @@ from app.schemas.reservation import DeviceRef, ReservationCreate, ReservationRea
 from app.services import approvals, lifecycle, placement
 from app.services import shares as share_service
 from app.services import rules as rules_service
-from app.services.conflicts import (UTC_ZONE, conflict_error, devices_sorted, find_conflicts, insert_items,
+from app.services.conflicts import (UTC_ZONE, conflict_error, devices_sorted, find_conflicts,
                                     loaded_options, write_guarded)
+from app.services.booking_write import add_reservation
 from app.services.device_refs import resolve_bookable_devices
 from app.services.intervals import parse_interval, validate_interval
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import fmt_local, parse_instant
+from app.services.audit import record_audit
 
 
 def reservation_state(r: Reservation, now: datetime) -> str:
@@ -176,35 +177,19 @@ def create_reservation(
         raise conflict_error(session, devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz,
                              viewer=actor.username, found=found)
 
-    r = Reservation(
-        user=owner,
-        host=host,
-        start_at=interval.start,
-        end_at=interval.end,
-        status=status,
-        note=data.note,
-        created_by_id=actor.id,
-        override_reason=data.override_reason,
-        created_at=now,
-        updated_at=now,
+    r = add_reservation(
+        session, user=owner, host=host, devices=devices, start=interval.start, end=interval.end,
+        values={"status": status, "note": data.note, "created_by_id": actor.id,
+                "override_reason": data.override_reason, "created_at": now, "updated_at": now},
+        shares=share_service.resolve_shares(session, data.share_with or []), tz=settings.tz,
     )
-    # relationships are lazy="raise": initialise collections explicitly on the new object
-    r.items = []
-    r.shares = share_service.resolve_shares(session, data.share_with or [])
-    insert_items(session, r, sorted(devices, key=lambda d: d.id))  # one lock order for every writer
-
-    write_guarded(session, lambda: session.add(r), devices=devices, start=interval.start, end=interval.end, exclude_id=None, tz=settings.tz)
-    session.add(
-        AuditLog(
-            actor=f"user:{actor.username}",
-            action="reservation.create",
-            target=f"reservation:{r.id}",
-            detail={"user": owner.username,
-                    **({"override_reason": data.override_reason} if data.override_reason else {}),
-                    **({"approval": approval} if approval else {})},
-        )
-    )
-    return _flushed(session, r)
+    record_audit(session, actor=f"user:{actor.username}",
+                 action="reservation.create",
+                 target=f"reservation:{r.id}",
+                 detail={"user": owner.username,
+                         **({"override_reason": data.override_reason} if data.override_reason else {}),
+                         **({"approval": approval} if approval else {})})
+    return r
 
 
 def _flushed(session: Session, r: Reservation) -> Reservation:
@@ -296,14 +281,10 @@ def update_reservation(
 
             session.flush()
             write_guarded(session, extend, devices=devices, start=old_end, end=new_end, exclude_id=r.id, tz=settings.tz)
-            session.add(
-                AuditLog(
-                    actor=f"user:{actor.username}",
-                    action="reservation.change_end",
-                    target=f"reservation:{r.id}",
-                    detail={"from": old_end.isoformat(), "to": new_end.isoformat(), "override_reason": data.override_reason},
-                )
-            )
+            record_audit(session, actor=f"user:{actor.username}",
+                         action="reservation.change_end",
+                         target=f"reservation:{r.id}",
+                         detail={"from": old_end.isoformat(), "to": new_end.isoformat(), "override_reason": data.override_reason})
     r.sequence += 1
     r.updated_at = now
     return _flushed(session, r)
@@ -342,7 +323,7 @@ def apply_end(session: Session, r: Reservation, after: lifecycle.Status, *, now:
         action = "reservation.release"
     r.sequence += 1
     r.updated_at = now
-    session.add(AuditLog(actor=actor, action=action, target=f"reservation:{r.id}", detail=detail))
+    record_audit(session, actor=actor, action=action, target=f"reservation:{r.id}", detail=detail)
     on_slot_freed(session, r)
     return _flushed(session, r)
 

@@ -16,9 +16,10 @@ from sqlalchemy.orm import Session
 
 from app.db import advisory_xact_lock
 from app.errors import Conflict, InvalidInput, NotFound
-from app.models import AuditLog, Device, Group, Host, ReservationDevice, SharingRule, User, utcnow
+from app.models import Device, Group, Host, ReservationDevice, SharingRule, User, utcnow
 from app.services.limits import LIMIT_FIELDS, LIST_LIMITS, SCOPES
 from app.services.rules import RULES_LOCK_KEY
+from app.services.audit import record_audit
 
 
 # ---------------------------------------------------------------------------- rule administration
@@ -78,8 +79,8 @@ def create_rule(session: Session, *, scope: str, user: str | None, group: str | 
                        **{k: v for k, v in values.items() if k in LIMIT_FIELDS or k == "note"})
     session.add(rule)
     session.flush()
-    session.add(AuditLog(actor=f"user:{actor.username}", action="rule.create", target=f"rule:{rule.id}",
-                         detail={"scope": scope, "user": user, "group": group, **values}))
+    record_audit(session, actor=f"user:{actor.username}", action="rule.create", target=f"rule:{rule.id}",
+                 detail={"scope": scope, "user": user, "group": group, **values})
     return rule
 
 
@@ -108,7 +109,7 @@ def update_rule(session: Session, *, rule_id: int, changes: dict[str, Any], acto
             raise InvalidInput(f"{k}: cannot be changed; delete the rule and create another", field=k)
         setattr(rule, k, v)
     rule.updated_at = utcnow()
-    session.add(AuditLog(actor=f"user:{actor.username}", action="rule.update", target=f"rule:{rule.id}", detail=changes))
+    record_audit(session, actor=f"user:{actor.username}", action="rule.update", target=f"rule:{rule.id}", detail=changes)
     session.flush()
     return rule
 
@@ -117,8 +118,8 @@ def delete_rule(session: Session, *, rule_id: int, actor: User) -> SharingRule:
     """Delete a rule (its limits fall back to the less specific scopes); raises NotFound."""
     rule = get_rule(session, rule_id)
     session.delete(rule)
-    session.add(AuditLog(actor=f"user:{actor.username}", action="rule.delete", target=f"rule:{rule_id}",
-                         detail={"scope": rule.scope}))
+    record_audit(session, actor=f"user:{actor.username}", action="rule.delete", target=f"rule:{rule_id}",
+                 detail={"scope": rule.scope})
     session.flush()
     return rule
 
@@ -171,7 +172,7 @@ def set_open(
         d = devices[u]
         d.is_open = is_open
         out.append((d, counts[d.id]))
-    session.add(AuditLog(actor=f"user:{actor.username}", action="device.open" if is_open else "device.close",
-                         target="devices", detail={"devices": list(dict.fromkeys(wanted))}))
+    record_audit(session, actor=f"user:{actor.username}", action="device.open" if is_open else "device.close",
+                 target="devices", detail={"devices": list(dict.fromkeys(wanted))})
     session.flush()
     return out

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from app.db import advisory_xact_lock
 from app.errors import RuleViolation
-from app.models import AuditLog, Device, Host, Reservation, User
+from app.models import Device, Host, Reservation, User
 from app import timeutil
 from app.services import calendar_quotas
 from app.services.limits import Limit, resolve_limits
@@ -45,6 +45,7 @@ from app.services.calendar_quotas import CALENDAR_LIMITS
 from app.services.quotas import (WINDOW_DAYS, fmt_hours, fmt_local, overfills, owner_rows, peak, quota_window,
                                  requested_hours, window_hours)
 from app.timeutil import fmt_duration
+from app.services.audit import record_audit
 
 # pg_advisory_xact_lock keys: namespace in the high 32 bits, the id in the low ones.
 QUOTA_LOCK_NAMESPACE = 0x51554F54  # "QUOT": one lock per user while counting quotas
@@ -252,14 +253,12 @@ def validate_reservation(
     if not found:
         return []
     if actor.is_admin:
-        session.add(AuditLog(
-            actor=f"user:{actor.username}",
-            action="rule.override",
-            target=f"reservation:{existing.id}" if existing is not None else f"user:{owner.username}",
-            detail={"reason": override_reason or "(admin, no reason given)", "owner": owner.username, "host": host.name,
-                    "start": start.isoformat(), "end": end.isoformat(),
-                    "rules": [x.as_dict() for x in found]},
-        ))
+        record_audit(session, actor=f"user:{actor.username}",
+                     action="rule.override",
+                     target=f"reservation:{existing.id}" if existing is not None else f"user:{owner.username}",
+                     detail={"reason": override_reason or "(admin, no reason given)", "owner": owner.username, "host": host.name,
+                             "start": start.isoformat(), "end": end.isoformat(),
+                             "rules": [x.as_dict() for x in found]})
         return found
     first = found[0]
     detail = f"{first.rule}: {first.detail}"

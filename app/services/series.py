@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import Forbidden, InvalidInput, NotFound, ReservationConflict
-from app.models import AuditLog, Device, Host, Reservation, ReservationSeries, User, utcnow
+from app.models import Device, Host, Reservation, ReservationSeries, User, utcnow
 from app.schemas.reservation import ConflictRef
 from app.schemas.series import MAX_OCCURRENCES, OccurrenceRead, SeriesCreate, SeriesRead
 from app.services import hosts as host_service
@@ -47,11 +47,13 @@ from app.services import conflicts as conflict_service
 from app.services import device_refs
 from app.services import lifecycle
 from app.services import reservations as reservation_service
+from app.services.booking_write import add_reservation
 from app.services.intervals import PAST_SLACK
 from app.services import rules as rules_service
 from app.services import shares as share_service
 from app.services.slot_freed import on_slot_freed
 from app.timeutil import fmt_duration, zone
+from app.services.audit import record_audit
 
 WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
 _ALIASES = {name.lower(): i for i, name in enumerate(WEEKDAYS)} | {
@@ -291,14 +293,11 @@ def _book(
                                           start=c.start_at, end=c.end_at).model_dump(mode="json") for c in clash],
             })
             continue
-        r = Reservation(user_id=owner.id, host_id=host.id, start_at=start, end_at=end, status="confirmed", note=data.note,
-                        created_by_id=actor.id, override_reason=data.override_reason, series_id=series.id,
-                        recurrence_start=start, sequence=0, created_at=now, updated_at=now)
-        r.items = []
-        r.shares = share_service.resolve_shares(session, shares)
-        conflict_service.insert_items(session, r, sorted(devices, key=lambda d: d.id))
-        conflict_service.write_guarded(session, lambda r=r: session.add(r), devices=devices, start=start, end=end,
-                                           exclude_id=None, tz=tz)
+        r = add_reservation(session, user=owner, host=host, devices=devices, start=start, end=end,
+                            values={"status": "confirmed", "note": data.note, "created_by_id": actor.id,
+                                    "override_reason": data.override_reason, "series_id": series.id,
+                                    "recurrence_start": start, "sequence": 0, "created_at": now, "updated_at": now},
+                            shares=share_service.resolve_shares(session, shares), tz=tz)
         rows.append(_Row(r.id, start, end, reservation_service.reservation_state(r, now), 0))
     if conflicts:
         listed = "; ".join(
@@ -309,9 +308,9 @@ def _book(
             occurrences=conflicts,
             conflicts=[x for c in conflicts for x in c["conflicts"]],
         )
-    session.add(AuditLog(actor=f"user:{actor.username}", action="series.create", target=f"series:{series.id}",
-                         detail={"user": owner.username, "occurrences": len(rows),
-                                 **({"override_reason": data.override_reason} if data.override_reason else {})}))
+    record_audit(session, actor=f"user:{actor.username}", action="series.create", target=f"series:{series.id}",
+                 detail={"user": owner.username, "occurrences": len(rows),
+                         **({"override_reason": data.override_reason} if data.override_reason else {})})
     return series, rows
 
 
@@ -384,8 +383,8 @@ def cancel_series(session: Session, *, actor: User, series_id: int, now: datetim
             kept.append(r.id)
     if s.cancelled_at is None:
         s.cancelled_at = now
-    session.add(AuditLog(actor=f"user:{actor.username}", action="series.cancel", target=f"series:{s.id}",
-                         detail={"cancelled": cancelled, "kept": kept}))
+    record_audit(session, actor=f"user:{actor.username}", action="series.cancel", target=f"series:{s.id}",
+                 detail={"cancelled": cancelled, "kept": kept})
     session.flush()
     for r in freed:
         on_slot_freed(session, r)

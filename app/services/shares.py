@@ -9,7 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidInput
-from app.models import AuditLog, Group, Reservation, ReservationShare, User
+from app.models import Group, Reservation, ReservationShare, User
+from app.services.audit import record_audit
 
 
 def resolve_shares(session: Session, names: Sequence[str]) -> list[ReservationShare]:
@@ -46,11 +47,7 @@ def replace_shares(session: Session, r: Reservation, names: Sequence[str], *, ac
     r.shares.clear()
     session.flush()
     r.shares.extend(wanted)
-    session.add(
-        AuditLog(
-            actor=f"user:{actor.username}",
-            action="reservation.share",
-            target=f"reservation:{r.id}",
-            detail={"share_with": sorted(set(n.strip() for n in names))},
-        )
-    )
+    record_audit(session, actor=f"user:{actor.username}",
+                 action="reservation.share",
+                 target=f"reservation:{r.id}",
+                 detail={"share_with": sorted(set(n.strip() for n in names))})

@@ -9,10 +9,11 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from app.models import ApiToken, AuditLog, Group, GroupMember, User, utcnow
+from app.models import ApiToken, Group, GroupMember, User, utcnow
 from app.security import API_TOKEN_PREFIX, hash_password, new_token, token_hash
 from app.services.token_usage import TokenUsage
 from app.services import credentials
+from app.services.audit import record_audit
 
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 MIN_PASSWORD = 8
@@ -64,7 +65,7 @@ def create_user(
     )
     session.add(user)
     session.flush()
-    session.add(AuditLog(actor=actor, action="user.create", target=f"user:{username}", detail={"admin": admin}))
+    record_audit(session, actor=actor, action="user.create", target=f"user:{username}", detail={"admin": admin})
     return user
 
 
@@ -139,7 +140,7 @@ def update_user(
         u.password_hash = hash_password(password)
     detail = dict(changes) | ({"password": "changed"} if password is not None else {})
     who = audit_actor or f"user:{actor.username}"
-    session.add(AuditLog(actor=who, action="user.update", target=f"user:{username}", detail=detail))
+    record_audit(session, actor=who, action="user.update", target=f"user:{username}", detail=detail)
     credentials.after_account_change(session, user=u, actor=who, was_active=was_active,
                                      was_admin=was_admin, password_changed=password is not None)
     session.flush()

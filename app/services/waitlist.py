@@ -24,13 +24,14 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.config import Settings
 from app.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.models import AuditLog, User, WaitlistEntry, utcnow
+from app.models import User, WaitlistEntry, utcnow
 from app.models.states import WaitlistStatus
 from app.schemas.reservation import PlacementConstraints
 from app.schemas.waitlist import WaitlistRead
 from app.services import placement
 from app.services.intervals import PAST_SLACK
 from app.timeutil import fmt_duration, fmt_local, parse_instant
+from app.services.audit import record_audit
 
 #: The longest window an entry may wait in (a standing request for longer is a reservation).
 MAX_WINDOW = timedelta(days=366)
@@ -122,9 +123,9 @@ def create_entry(session: Session, *, actor: User, req: WaitRequest, settings: S
                       status=WaitlistStatus.WAITING, created_at=now, updated_at=now)
     session.add(e)
     session.flush()
-    session.add(AuditLog(actor=f"user:{actor.username}", action="waitlist.create", target=f"waitlist:{e.id}",
-                         detail={"count": e.count, "seconds": e.seconds, "book": e.book, "host": e.host,
-                                 "window_end": e.window_end.isoformat()}))
+    record_audit(session, actor=f"user:{actor.username}", action="waitlist.create", target=f"waitlist:{e.id}",
+                 detail={"count": e.count, "seconds": e.seconds, "book": e.book, "host": e.host,
+                         "window_end": e.window_end.isoformat()})
     return e
 
 
@@ -221,7 +222,7 @@ def cancel_entry(session: Session, *, actor: User, entry_id: int, now: datetime 
                        field="id", state=st)
     e.status = WaitlistStatus.CANCELLED
     e.updated_at = now
-    session.add(AuditLog(actor=f"user:{actor.username}", action="waitlist.cancel", target=f"waitlist:{e.id}"))
+    record_audit(session, actor=f"user:{actor.username}", action="waitlist.cancel", target=f"waitlist:{e.id}")
     session.flush()
     return e
 

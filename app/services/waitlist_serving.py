@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session, selectinload
 from app.config import Settings
 from app.errors import AppError
 from app.i18n import gettext, use_locale
-from app.models import AuditLog, Reservation, WaitlistEntry, utcnow
+from app.models import Reservation, WaitlistEntry, utcnow
 from app.models.states import WaitlistStatus
 from app.schemas.reservation import PlacementConstraints, ReservationCreate
 from app.services import holder_notices, placement
@@ -60,6 +60,7 @@ from app.services import reservations as reservation_service
 from app.services import slot_freed
 from app.services.waitlist import lock_entries
 from app.timeutil import fmt_duration, fmt_local
+from app.services.audit import record_audit
 
 log = logging.getLogger(__name__)
 
@@ -256,15 +257,15 @@ def _book(session: Session, e: WaitlistEntry, slot: placement.Slot, *, settings:
         savepoint.rollback()
         e.last_refusal = (getattr(err, "detail", None) or str(err))[:1024]
         e.updated_at = now
-        session.add(AuditLog(actor="system", action="waitlist.refused", target=f"waitlist:{e.id}",
-                             detail={"reason": e.last_refusal}))
+        record_audit(session, actor="system", action="waitlist.refused", target=f"waitlist:{e.id}",
+                     detail={"reason": e.last_refusal})
         return False
     e.status = WaitlistStatus.BOOKED
     e.reservation_id = r.id
     e.served_at = e.updated_at = now
     e.last_refusal = None
-    session.add(AuditLog(actor="system", action="waitlist.book", target=f"waitlist:{e.id}",
-                         detail={"reservation": r.id}))
+    record_audit(session, actor="system", action="waitlist.book", target=f"waitlist:{e.id}",
+                 detail={"reservation": r.id})
     when = f"{fmt_local(r.start_at, settings.tz)} – {fmt_local(r.end_at, settings.tz)}"
     with use_locale(e.user.language):  # the member reads it in the language they chose
         pending = gettext(" It awaits approval.") if r.status == "pending" else ""
@@ -298,8 +299,8 @@ def book_link(e: WaitlistEntry, slot: placement.Slot, settings: Settings) -> str
 def _notify(session: Session, e: WaitlistEntry, slot: placement.Slot, *, settings: Settings, now: datetime) -> None:
     e.status = WaitlistStatus.NOTIFIED
     e.served_at = e.updated_at = now
-    session.add(AuditLog(actor="system", action="waitlist.notify", target=f"waitlist:{e.id}",
-                         detail={"host": slot.host.name, "start": slot.start.isoformat()}))
+    record_audit(session, actor="system", action="waitlist.notify", target=f"waitlist:{e.id}",
+                 detail={"host": slot.host.name, "start": slot.start.isoformat()})
     with use_locale(e.user.language):
         subject = gettext("[gpuroster] waitlist: %(n)s device(s) free", n=e.count)
         text = gettext("Your waitlist entry %(entry)s: %(n)s device(s) on %(host)s are free for %(length)s from %(start)s. "
@@ -313,8 +314,8 @@ def _notify(session: Session, e: WaitlistEntry, slot: placement.Slot, *, setting
 def _expire(session: Session, e: WaitlistEntry, *, now: datetime, settings: Settings) -> None:
     e.status = WaitlistStatus.EXPIRED
     e.updated_at = now
-    session.add(AuditLog(actor="system", action="waitlist.expire", target=f"waitlist:{e.id}",
-                         detail={"window_end": e.window_end.isoformat()}))
+    record_audit(session, actor="system", action="waitlist.expire", target=f"waitlist:{e.id}",
+                 detail={"window_end": e.window_end.isoformat()})
 
 
 __all__ = ["bind_settings", "book_link", "expire_ended", "install", "on_slot_freed", "serve"]
