@@ -23,6 +23,7 @@ from app.config import Settings
 from app.models import NOTICE_KINDS, AuditLog, NotifyTarget, User
 from app.sanitize import email_header
 from app.services import channels, notices
+from app.services.audit import record_audit
 
 log = logging.getLogger(__name__)
 _KEY = "gpuroster.holder_mail"
@@ -30,7 +31,7 @@ _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuroster-hold
 
 
 def tell(session: Session, *, user: User, reservation_id: int | None, subject: str, text: str, settings: Settings,
-         actor: str, boost_id: int | None = None, kind: str | None = None) -> AuditLog:
+         actor: str, boost_id: int | None = None, kind: str | None = None) -> dict:
     """Record ``text`` for ``user`` about reservation ``reservation_id``, or with
     ``reservation_id=None`` about quota boost ``boost_id``, or about no one reservation or
     boost when both are ``None`` (an admin told of a quarantined device, a free slot a waitlist
@@ -38,8 +39,8 @@ def tell(session: Session, *, user: User, reservation_id: int | None, subject: s
 
     ``kind`` (one of ``NOTICE_KINDS``; ``None``: always delivered, e.g. an admin's
     maintenance cutting the booking) is checked against the user's choices. Queues the
-    e-mail and the user's own notification URLs for after the commit; returns the audit row
-    (its ``detail`` says what was queued: ``email``, ``chats``)."""
+    e-mail and the user's own notification URLs for after the commit; returns the audit
+    entry's ``detail`` (what was queued: ``email``, ``chats``)."""
     if kind is not None and kind not in NOTICE_KINDS:
         raise ValueError(f"not a notice kind: {kind!r}")
     wanted = kind is None or bool(channels.wanting(session, [user], kind))
@@ -52,16 +53,14 @@ def tell(session: Session, *, user: User, reservation_id: int | None, subject: s
     else:
         mail = "queued" if settings.smtp_host and user.email else ("no address" if settings.smtp_host else "no SMTP")
         chats = list(session.scalars(select(NotifyTarget).where(NotifyTarget.user_id == user.id).order_by(NotifyTarget.id)))
-    row = AuditLog(actor=actor, action="notice.reservation", target=f"user:{user.username}",
-                   detail={**about, "subject": subject, "text": text, "email": mail, "chats": len(chats),
-                           **({"kind": kind} if kind else {})})
-    session.add(row)
+    detail = {**about, "subject": subject, "text": text, "email": mail, "chats": len(chats), **({"kind": kind} if kind else {})}
+    record_audit(session, actor=actor, action="notice.reservation", target=f"user:{user.username}", detail=detail)
     if mail == "queued":
         _after_commit(session, settings, notices.Outgoing(0, "email", user.email or "", email_header(subject), body))
     for t in chats:
         _after_commit(session, settings, notices.Outgoing(0, "chat", t.label or channels.redact(t.url), subject, body,
                                                           target=t.url))
-    return row
+    return detail
 
 
 def _after_commit(session: Session, settings: Settings, item: notices.Outgoing) -> None:

@@ -40,6 +40,7 @@ from app.models import (
     Reservation,
 )
 from app.models.states import LIVE_FINDING_STATES, HostStatus
+from app.services.audit import record_audit
 from app.services.conflicts import holders_at
 from app.services.devices import host_status
 from app.services.quarantined import open_by_device
@@ -51,16 +52,14 @@ PROCESS_LABELS = ("host", "uuid", "pid", "user", "name")
 NOT_UP = (HostStatus.STALE, HostStatus.NEVER, HostStatus.DOWN, HostStatus.MISCONFIGURED)
 
 
-def record_conflict(session: Session, *, path: str, conflicts: list[int], detail: str) -> AuditLog:
+def record_conflict(session: Session, *, path: str, conflicts: list[int], detail: str) -> None:
     """Record one refused booking (a 409 reservation conflict) as an ``audit_log`` row.
 
     Called in a transaction of its own after the request's transaction was rolled back, so
     the count survives the refusal. ``conflicts``: ids of the reservations in the way.
     """
-    row = AuditLog(actor="system", action=CONFLICT_ACTION, target=path[:256],
-                   detail={"conflicts": conflicts, "detail": detail[:512]})
-    session.add(row)
-    return row
+    record_audit(session, actor="system", action=CONFLICT_ACTION, target=path[:256],
+                 detail={"conflicts": conflicts, "detail": detail[:512]})
 
 
 def device_index_label(device: Device | Row, parents: dict[int, Device | Row]) -> str:
