@@ -25,7 +25,9 @@ def record_audit(session: Session, *, actor: str, action: str, target: str | Non
     ``action`` (``reservation.create``, ...), ``target`` (``reservation:<id>``, ...), a JSON
     ``detail``, at ``at`` (UTC; default now). Raises what the database raises (an
     ``actor`` past 160 characters on PostgreSQL, for one)."""
-    row: dict[str, Any] = {"actor": actor, "action": action, "target": target, "detail": detail}
+    row: dict[str, Any] = {"actor": actor, "action": action, "target": target}
+    if detail is not None:  # left out, not JSON null: an entry without detail stores SQL NULL
+        row["detail"] = detail
     if at is not None:
         row["at"] = at
     session.execute(_INSERT, row)

@@ -10,9 +10,10 @@ rows whose shape never changes.
 
 What the callers get back is a :class:`~app.models.Reservation` built from the written
 rows, its relationships (``user``, ``host``, ``items`` with their ``device``, ``shares``) set
-as if loaded. It is not attached to the session: it is the answer's source, and a savepoint
-rolled back after it (the waitlist tries slot after slot in one transaction) leaves no
-object in the session that names a row that is gone. Change a reservation by loading it.
+as if loaded. It is transient (no session, no identity key) and must never be added to a
+session, which would insert it again: it is the answer's source, and a savepoint rolled
+back after it (the waitlist tries slot after slot in one transaction) leaves no object in
+the session that names a row that is gone. Change a reservation by loading it.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def add_reservation(
     the one lock order of every writer. Raises :class:`~app.errors.ReservationConflict`
     (409) when the database's guard refuses an overlap another transaction committed since
     the check (PostgreSQL's exclusion constraints; on SQLite the write lock already excludes
-    it). Returns the reservation as written, not attached to the session (module docstring).
+    it). Returns the reservation as written, transient (module docstring).
     """
     ordered = sorted(devices, key=lambda d: d.id)
     written: list[Any] = []
