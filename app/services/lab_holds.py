@@ -20,29 +20,21 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from sqlalchemy import String, bindparam, select, type_coerce
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from app.models import Device, Reservation, ReservationDevice, User
+from app.models import Device, Reservation, ReservationDevice
 from app.services.conflicts import HeldBy, Holding, holder_at, match_holdings
-from app.services.plain_holdings import holding_rows
+from app.services.plain_holdings import holding_rows, item_rows
 
 FOREVER = datetime.max.replace(tzinfo=UTC)
 
 # Instants come back as the driver gives them (SQLite: text, PostgreSQL: datetimes) and are
 # converted with the column type's own processor only when the answer is computed again.
-_ROWS = (
-    select(ReservationDevice.id, ReservationDevice.device_id, ReservationDevice.physical_id,
-           ReservationDevice.slice_kind, ReservationDevice.reservation_id,
-           type_coerce(Reservation.start_at, String), type_coerce(Reservation.end_at, String),
-           Reservation.kind, Reservation.note, User.username)
-    .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-    .join(User, User.id == Reservation.user_id)
-    # walks ix_reservation_devices_end_at and ix_reservations_end_at: history has ended, only
-    # these rows can hold (a reservation ends no earlier than any of its devices)
-    .where(ReservationDevice.active.is_(True), ReservationDevice.end_at > bindparam("now"),
-           Reservation.end_at > bindparam("now"))
-)
+# Walks ix_reservation_devices_end_at: history has ended, only these rows can hold.
+_ROWS = {dialect: item_rows((ReservationDevice.active.is_(True), ReservationDevice.end_at > bindparam("now")),
+                            dialect=dialect, raw_instants=True)
+         for dialect in ("sqlite", "postgresql")}
 
 
 class LabHolds(NamedTuple):
@@ -79,7 +71,8 @@ class HoldsCache:
         again. Two statements at most (the reserved devices; the devices when ``lab``
         moved)."""
         # Core, not the ORM: plain rows, a third of the cost for thousands of them
-        rows = tuple(map(tuple, session.connection().execute(_ROWS, {"now": now}).fetchall()))
+        conn = session.connection()
+        rows = tuple(map(tuple, conn.execute(_ROWS[conn.dialect.name], {"now": now}).fetchall()))
         with self._lock:
             got = self._holds
         if got is not None and got[0] == lab and got[1] == rows and now < got[2].valid_until:
