@@ -20,7 +20,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import BigInteger, ColumnElement, Dialect, Select, TypeDecorator, bindparam, select
+from sqlalchemy import BigInteger, Dialect, Select, TypeDecorator, bindparam, literal_column, select, true
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -34,25 +34,30 @@ from app.models.base import UTCDateTime
 WINDOW_DAYS = 7  # the rolling GPU-hour quota window, in calendar days of the lab zone
 
 
-def _owned(owner_id: Any, start: Any, end: Any, exclude_id: Any) -> list[ColumnElement[bool]]:
-    """What counts against the owner's limits over ``[start, end)``: the active reserved devices
-    of the owner's reservations that are not cancelled (nor ``exclude_id``) and overlap it.
+def _owned(owner_id: Any, start: Any, end: Any, exclude_id: Any, *, sqlite: bool) -> Select[Any]:
+    """(reservation id, start, end) of what counts against the owner's limits over
+    ``[start, end)``: the active reserved devices of the owner's reservations that are not
+    cancelled (nor ``exclude_id``) and overlap it. Values or bound parameters.
 
-    A reserved device's interval is always its reservation's (set together on create,
-    change and release), so the reservation's own ``end_at`` bounds the read too: it lets
-    the ``(user_id, end_at)`` index skip the owner's past history. Values or bound parameters.
+    The owner's reservations are read first, through the ``(user_id, end_at)`` index (a
+    reserved device's interval is always its reservation's, set together on create, change
+    and release, so the reservation's own ``end_at`` bounds the read and skips the owner's
+    past history), then each one's devices by its key. On PostgreSQL the devices are a
+    ``LATERAL`` subquery fenced by ``OFFSET 0``: with a plain join, statistics taken before the
+    live reservations were booked made the planner read the lab's live reserved devices and,
+    for each, the owner's live reservations again. SQLite's planner keeps the join's order.
     """
-    where = [
-        Reservation.user_id == owner_id,
-        Reservation.end_at > start,
-        Reservation.status != "cancelled",
-        ReservationDevice.active.is_(True),
-        ReservationDevice.start_at < end,
-        ReservationDevice.end_at > start,
-    ]
+    owner = (Reservation.user_id == owner_id, Reservation.end_at > start, Reservation.status != "cancelled")
+    item = [ReservationDevice.active.is_(True), ReservationDevice.start_at < end, ReservationDevice.end_at > start]
     if exclude_id is not None:
-        where.append(ReservationDevice.reservation_id != exclude_id)
-    return where
+        item.append(ReservationDevice.reservation_id != exclude_id)
+    cols = (ReservationDevice.reservation_id, ReservationDevice.start_at, ReservationDevice.end_at)
+    if sqlite:
+        return select(*cols).join(Reservation, Reservation.id == ReservationDevice.reservation_id).where(*owner, *item)
+    items = (select(*cols).where(ReservationDevice.reservation_id == Reservation.id, *item)
+             .offset(literal_column("0")).lateral("i"))
+    return select(items.c.reservation_id, items.c.start_at, items.c.end_at).select_from(Reservation).join(
+        items, true()).where(*owner)
 
 
 def owner_rows(
@@ -60,11 +65,7 @@ def owner_rows(
 ) -> list[tuple[int, datetime, datetime]]:
     """(reservation id, start, end) per reserved device of the owner's active reservations
     overlapping ``[start, end)`` (see :func:`_owned`)."""
-    q = (
-        select(ReservationDevice.reservation_id, ReservationDevice.start_at, ReservationDevice.end_at)
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .where(*_owned(owner_id, start, end, exclude_id))
-    )
+    q = _owned(owner_id, start, end, exclude_id, sqlite=is_sqlite(session))
     return [(rid, s, e) for rid, s, e in session.execute(q).all()]
 
 
@@ -136,12 +137,10 @@ def _window_sums(windows: int, exclude: bool, sqlite: bool) -> Select[Any]:
     ``lo``, ``hi``, ``exclude_id``, ``ws<i>``, ``we<i>``), built once per shape: building it
     costs more than running it."""
     when, bound = UTCDateTime(), _InstantParam()
-    held = (
-        select(_instant(ReservationDevice.start_at).label("s"), _instant(ReservationDevice.end_at).label("e"))
-        .join(Reservation, Reservation.id == ReservationDevice.reservation_id)
-        .where(*_owned(bindparam("owner_id"), bindparam("lo", type_=when), bindparam("hi", type_=when),
-                       bindparam("exclude_id") if exclude else None))
-    )
+    owned = _owned(bindparam("owner_id"), bindparam("lo", type_=when), bindparam("hi", type_=when),
+                   bindparam("exclude_id") if exclude else None, sqlite=sqlite)
+    _rid, start, end = owned.selected_columns
+    held = owned.with_only_columns(_instant(start).label("s"), _instant(end).label("e"), maintain_column_froms=False)
     if sqlite:  # keep the rows apart from the sums, or SQLite converts each row's times once per window
         held = held.offset(0)
     held = held.subquery()

@@ -238,7 +238,8 @@ def _plan_faults(engine, captured: list[tuple[str, object]]) -> list[str]:
 
 
 def test_holders_are_read_by_key_when_statistics_are_stale(tmp_path):
-    """The holders' reads (the device list, /metrics, Now) on a database analysed while no
+    """The reads of live reservations (the device list, /metrics, Now, bookings with counted
+    quotas, the agent's acknowledgement, the periodic rounds) on a database analysed while no
     reservation was live, then given 900 live ones: the planner's statistics estimate one row
     that has not ended on each side. The reads must still reach each reserved device's
     reservation by its key, never by scanning a range of reservations once per row (20x
@@ -246,7 +247,11 @@ def test_holders_are_read_by_key_when_statistics_are_stale(tmp_path):
     from app.config import Settings
     from app.db import run_in_transaction
     from app.main import create_app
+    from app.api.approvals import expire_once
+    from app.api.checkin import sweep_once
+    from app.services import rule_admin
     from app.services import users as user_service
+    from app.services.waitlist_serving import serve_round
     from app.web.now import now_view
 
     with migrated_pg_database() as url:
@@ -257,6 +262,9 @@ def test_holders_are_read_by_key_when_statistics_are_stale(tmp_path):
             def setup(s):
                 for i in range(N_USERS):
                     user_service.create_user(s, username=f"user{i:02d}")
+                boss = user_service.create_user(s, username="boss", admin=True)
+                rule_admin.create_rule(s, scope="default", user=None, group=None, actor=boss,  # quotas count usage
+                                       values={"max_devices": 4, "max_gpu_hours_7d": 1000})
                 token = user_service.create_api_token(s, user=user_service.create_user(s, username="reader"), name="t")[1]
                 return token, host_service.create_host(s, name="node-01")[1]
 
@@ -289,6 +297,18 @@ def test_holders_are_read_by_key_when_statistics_are_stale(tmp_path):
                 assert client.get("/metrics").status_code == 200
                 with app.state.session_factory() as s:
                     now_view(s, now=datetime.now(UTC))
+                # and what else reads the live reservations: bookings (conflicts, quotas,
+                # placement), the agent's acknowledgement, the periodic rounds
+                r = client.post("/api/v1/reservations", headers={"Authorization": f"Bearer {token}"}, json={
+                    "host": "node-01", "devices": [0], "start": future(2).isoformat(), "duration": "PT1H"})
+                assert r.status_code == 201, r.text
+                r = client.post("/api/v1/reservations", headers={"Authorization": f"Bearer {token}"}, json={
+                    "count": 2, "start": future(5).isoformat(), "duration": "PT1H"})
+                assert r.status_code == 201, r.text
+                assert client.post("/api/v1/agent/snapshots", json=snapshot_body("node-01", 2, devices),
+                                   headers={"Authorization": f"Bearer {host_token}"}).status_code == 200
+                for work in (expire_once, sweep_once, serve_round):
+                    work(app)
             finally:
                 event.remove(app.state.engine, "before_cursor_execute", listen)
             assert any("reservation_devices.end_at >" in st for st, _ in captured), captured
