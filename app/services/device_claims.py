@@ -99,9 +99,13 @@ def move_device(session: Session, *, actor: User, uuid: str, to_host: str) -> De
     source = session.get(Host, dev.host_id)
     children = list(session.scalars(select(Device).where(Device.parent_id == dev.id)))
     ids = [d.id for d in (dev, *children)]
+    now = utcnow()
     held = session.scalar(
+        # the device's reserved rows that have not ended (its index on (device_id, end_at)), not
+        # its whole history, each checked against its reservation
         select(Reservation.id).join(ReservationDevice, ReservationDevice.reservation_id == Reservation.id)
-        .where(ReservationDevice.device_id.in_(ids), Reservation.status == "confirmed", Reservation.end_at > utcnow())
+        .where(ReservationDevice.device_id.in_(ids), ReservationDevice.active.is_(True), ReservationDevice.end_at > now,
+               Reservation.status == "confirmed", Reservation.end_at > now)
         .limit(1)
     )
     if held is not None:
