@@ -2,8 +2,6 @@
 and, for lab members, the booking client (``login``, ``reserve``, ``status``, … see
 ``app.client``)."""
 
-from __future__ import annotations
-
 import os
 import sys
 from pathlib import Path
@@ -19,7 +17,7 @@ if TYPE_CHECKING:
     from app.config import Settings
 
 
-def get_settings() -> Settings:
+def get_settings() -> "Settings":
     """The server's settings (``GPUROSTER_*``), imported on first use: pydantic-settings
     costs more to import than a member's command takes to run, and only the server
     commands need it."""
@@ -44,7 +42,7 @@ admin = typer.Typer(cls=HelpGroup, help="Administration on the server machine (t
 cli.add_typer(admin, name="admin")
 
 
-def _session_factory(settings: Settings):
+def _session_factory(settings: "Settings"):
     from app.db import build_engine, build_session_factory
 
     return build_session_factory(build_engine(settings))

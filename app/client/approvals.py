@@ -3,8 +3,6 @@
 a decision that lost a race (no longer pending) and a maintenance that meets reservations
 without ``--override`` exit 3 with the server's message naming them."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

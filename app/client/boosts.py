@@ -3,8 +3,6 @@ and group managers), registered by :func:`register`. They talk to the API with t
 token, like the other members' commands; exit codes as in :data:`app.client.context.EXIT_CODES`
 (a decision that lost a race, or a boost past its end, exits 3 naming why)."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any

@@ -3,8 +3,6 @@ it" to a no-show warning or a "still using it?" question; ``gpuroster release ID
 GPUs back instead. Exit 3 when nothing is asked or the reservation is no longer active (the
 server's message says which)."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

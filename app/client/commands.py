@@ -5,8 +5,6 @@
 zone. Exit codes are listed in :data:`EXIT_CODES` (and in ``--help``).
 """
 
-from __future__ import annotations
-
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta

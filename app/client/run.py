@@ -2,8 +2,6 @@
 ``CUDA_VISIBLE_DEVICES`` set to their UUIDs, the terminal handed to the child and the
 reservation given back when it was made for this run."""
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

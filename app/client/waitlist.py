@@ -3,8 +3,6 @@
 Times are shown in the lab's zone; exit codes as in :data:`app.client.context.EXIT_CODES`
 (cancelling an entry that is no longer waiting exits 3 saying what became of it)."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer
