@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import httpx
 from authlib.common.security import generate_token
-from authlib.integrations.httpx_client import OAuth2Client
 from authlib.oauth2 import OAuth2Error
+
+with warnings.catch_warnings():
+    # Authlib prefers the httpx2 package and, when only httpx is installed (as here:
+    # the service and agent are built on httpx), warns at import that this fallback is
+    # deprecated. The warning is addressed to this project, not to the lab running the
+    # service, whose log it opened with; pyproject.toml keeps Authlib below 2.
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+    from authlib.integrations.httpx_client import OAuth2Client
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet

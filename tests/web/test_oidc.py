@@ -194,3 +194,14 @@ def test_id_token_with_another_nonce_is_refused(settings, provider):
     with pytest.raises(oidc_service.OidcRefused, match="did not verify"):
         oidc_service.finish(conf, code=parse_qs(back.query)["code"][0], redirect_uri="http://testserver/login/oidc/callback",
                             nonce="not-the-one-sent", code_verifier=started.code_verifier)
+
+
+def test_the_service_imports_its_oidc_client_without_a_deprecation_warning():
+    """Authlib warns at import that its plain-httpx client is deprecated; that notice is for
+    this project, and it opened every service log, where admins took it for an error."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-W", "default", "-c", "import app.services.oidc"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "deprecated" not in out.stderr, out.stderr[-2000:]
