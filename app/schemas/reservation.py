@@ -82,6 +82,10 @@ class DeviceRef(BaseModel):
 
 
 class ConflictRef(BaseModel):
+    """A reservation in a 409's ``conflicts``: ``devices`` are the UUIDs of its devices in the
+    way of those requested (the same device, or the whole GPU of a requested MIG slice, or a
+    MIG slice of a requested whole GPU), not all it holds; ``start``/``end`` its interval (UTC)."""
+
     id: int
     user: str
     devices: list[str]

@@ -214,26 +214,27 @@ def conflict_error(
     """A 409 naming each conflicting reservation and the earliest free start. The message is
     for people: times in the lab's zone ``tz``, devices by their labels (``GPU 0``,
     ``GPU 0 · MIG 4``), the reservations of ``viewer`` (the requester's username) called
-    theirs; ``conflicts`` (UUIDs) and ``earliest_free_start`` (ISO 8601 UTC) are for machines.
+    theirs; ``conflicts`` (each one's devices in the way of those requested, by UUID) and ``earliest_free_start`` (ISO 8601 UTC) are for machines.
     ``found``: what :func:`find_conflicts` already returned for the same arguments, if the
     caller has it (not read again)."""
     conflicts = list(found) if found is not None else find_conflicts(
         session, devices=devices, start=start, end=end, exclude_id=exclude_id)
     free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
+    blocking = in_the_way(devices, conflicts)
     refs = [
         ConflictRef(
-            id=c.id, user=c.user.username, devices=[d.uuid for d in devices_sorted(c)], start=c.start_at, end=c.end_at
+            id=c.id, user=c.user.username, devices=[d.uuid for d in blocking[c.id]], start=c.start_at, end=c.end_at
         ).model_dump(mode="json")
         for c in conflicts
     ]
-    parent_ids = {i.device.parent_id for c in conflicts for i in c.items if i.device.parent_id is not None}
+    parent_ids = {d.parent_id for c in conflicts for d in blocking[c.id] if d.parent_id is not None}
     parents = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(parent_ids)))} if parent_ids else {}
 
     def whose(c: Reservation) -> str:
         return "yours" if viewer is not None and c.user.username == viewer else f"by {c.user.username}"
 
     what = "; ".join(
-        f"#{c.id} {whose(c)} on {', '.join(device_label(d, parents.get(d.parent_id)) for d in devices_sorted(c))} "
+        f"#{c.id} {whose(c)} on {', '.join(device_label(d, parents.get(d.parent_id)) for d in blocking[c.id])} "
         f"[{fmt_local(c.start_at, tz)}, {fmt_local(c.end_at, tz)})" for c in conflicts
     ) or "a reservation committed concurrently"
     return ReservationConflict(
@@ -241,6 +242,17 @@ def conflict_error(
         conflicts=refs,
         earliest_free_start=free.isoformat(),
     )
+
+
+def in_the_way(devices: Sequence[Device], conflicts: Sequence[Reservation]) -> dict[int, list[Device]]:
+    """Reservation id -> its devices that hold one of the requested ``devices`` (by the holder
+    rule, :func:`match_holdings`: the device itself, or the whole GPU of a requested MIG slice,
+    or a MIG slice of a requested whole GPU), in index order. A booking of one GPU that collides
+    with a reservation of four is told of the one GPU in its way, not of all four."""
+    rows = [(i.device_id, i.physical_id, i.slice_kind, c, i.device) for c in conflicts for i in c.items]
+    held = {(h.reservation.id, h.via.id if h.via is not None else h.device_id)
+            for hs in match_holdings(devices, rows).values() for h in hs}
+    return {c.id: [d for d in devices_sorted(c) if (c.id, d.id) in held] or devices_sorted(c) for c in conflicts}
 
 
 def write_guarded(

@@ -27,7 +27,7 @@ from app.api.deps import SessionDep, SettingsDep, WriteSessionDep
 from app.config import Settings
 from app.errors import AppError, Conflict, InvalidInput, ReservationConflict
 from app.services import metrics as metrics_service
-from app.models import Device, Host, Reservation, utcnow
+from app.models import Device, Host, utcnow
 from app.schemas.reservation import ReservationCreate
 from app.services import conflicts as conflict_service
 from app.services import device_refs
@@ -168,19 +168,12 @@ def device_names(devices: list[Device]) -> dict[str, str]:
     return {d.uuid: naming.device_label(d, by_id.get(d.parent_id) if d.parent_id else None) for d in devices}
 
 
-def conflict_lines(conflicts: list[dict[str, Any]] | list[Reservation], names: dict[str, str]) -> list[ConflictLine]:
-    """Conflicts from a 409's ``conflicts`` member or from reservations, with device labels."""
-    out = []
-    for c in conflicts:
-        if isinstance(c, Reservation):
-            uuids = [i.device.uuid for i in c.items]
-            out.append(ConflictLine(c.id, c.user.username, [names.get(u, u) for u in uuids], c.start_at, c.end_at))
-        else:
-            out.append(ConflictLine(
-                int(c["id"]), str(c["user"]), [names.get(u, u) for u in c["devices"]],
-                datetime.fromisoformat(str(c["start"])).astimezone(UTC), datetime.fromisoformat(str(c["end"])).astimezone(UTC),
-            ))
-    return out
+def conflict_lines(conflicts: list[dict[str, Any]], names: dict[str, str]) -> list[ConflictLine]:
+    """Conflicts from a 409's ``conflicts`` member (each one's devices in the way), with device labels."""
+    return [ConflictLine(int(c["id"]), str(c["user"]), [names.get(u, u) for u in c["devices"]],
+                         datetime.fromisoformat(str(c["start"])).astimezone(UTC),
+                         datetime.fromisoformat(str(c["end"])).astimezone(UTC))
+            for c in conflicts]
 
 
 def check_booking(session: Session, *, form: BookForm, settings: Settings, now: datetime) -> BookingCheck:
@@ -200,9 +193,12 @@ def check_booking(session: Session, *, form: BookForm, settings: Settings, now: 
     )
     all_devices = list(session.scalars(select(Device).where(Device.host_id == host.id)))
     names = device_names(all_devices)
+    in_the_way = conflict_service.in_the_way(devices, conflicts)  # as the 409 of booking it would name them
+    lines = [ConflictLine(c.id, c.user.username, [names.get(d.uuid, d.uuid) for d in in_the_way[c.id]], c.start_at, c.end_at)
+             for c in conflicts]
     return BookingCheck(
         start=interval.start, end=interval.end, devices=[names.get(d.uuid, d.uuid) for d in devices],
-        conflicts=conflict_lines(conflicts, names), earliest_free=free if conflicts else None,
+        conflicts=lines, earliest_free=free if conflicts else None,
     )
 
 

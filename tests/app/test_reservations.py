@@ -45,12 +45,15 @@ def test_overlapping_booking_gets_409_naming_conflict_and_earliest_free(client, 
     assert doc["conflicts"][0]["id"] == r1.json()["id"]
     assert doc["conflicts"][0]["user"] == "alice"
     assert datetime.fromisoformat(doc["earliest_free_start"]) == start + timedelta(hours=2)
-    # people read the detail: devices by their labels, times in the lab's zone
-    assert f"#{r1.json()['id']} by alice on GPU 0, GPU 1 [" in doc["detail"], doc["detail"]
+    # people read the detail: devices by their labels, times in the lab's zone; of alice's two
+    # GPUs only the one in the way of bob's request is named (GPU 0 is none of his business)
+    assert f"#{r1.json()['id']} by alice on GPU 1 [" in doc["detail"], doc["detail"]
+    assert doc["conflicts"][0]["devices"] == [lab.devices[1]]
     assert "GPU-" not in doc["detail"]
-    mine = book(client, lab.alice, [1], start, duration="PT1H")  # the holder's own reservation is called hers
+    mine = book(client, lab.alice, [1, 0], start, duration="PT1H")  # the holder's own reservation is called hers
     assert mine.status_code == 409
     assert f"#{r1.json()['id']} yours on GPU 0, GPU 1 [" in mine.json()["detail"], mine.json()["detail"]
+    assert mine.json()["conflicts"][0]["devices"] == [lab.devices[0], lab.devices[1]]
 
 
 def test_a_body_that_is_not_json_is_a_422_naming_the_body_not_a_character_offset(client, lab):
@@ -142,7 +145,10 @@ def test_b07_whole_gpu_and_mig_slice_exclude_each_other(client, lab, make_host):
     assert "by alice on GPU 0 · MIG 3 [" in r.json()["detail"] and "yours on GPU 0 · MIG 2 [" in r.json()["detail"]
     later = future(30)
     assert book(client, lab.bob, [0], later, host="mig-01").status_code == 201  # index 0 = the whole GPU
-    assert book(client, lab.alice, [gi3], later, host="mig-01").status_code == 409
+    clash = book(client, lab.alice, [gi3], later, host="mig-01")
+    assert clash.status_code == 409 and clash.json()["conflicts"][0]["devices"] == [parent]  # the whole GPU is in the way
+    assert " by bob on GPU 0 [" in clash.json()["detail"], clash.json()["detail"]
+    assert r.json()["conflicts"][0]["devices"] in ([gi2], [gi3])  # each slice reservation: its own slice
 
 
 def test_list_filters_and_pagination(client, lab):
