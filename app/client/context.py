@@ -245,16 +245,19 @@ def reservation_body(ctx: Ctx, *, duration: str, count: int, start: str, host: s
 
 
 def busy_notes(ctx: Ctx, r: dict) -> list[str]:
-    """For a reservation that holds its devices now: a note per compute process of someone
-    else already on one of them (the placement takes a busy GPU only when nothing idle fits
-    as early, and the holder should know before their job shares its memory)."""
+    """For a reservation that holds its devices now: a note when its host's agent has gone
+    stale (nothing is known of the devices now: the placement takes such a host only when
+    nothing known idle fits as early), and one per compute process of someone else already on
+    one of them (the holder should know before their job shares its memory)."""
     if r.get("state") != "active":
         return []
     mine = {d["uuid"] for d in r["devices"]}
+    listed = [d for d in ctx.api.get("/devices", host=r["host"], limit=5000) if d["uuid"] in mine]
     out = []
-    for d in ctx.api.get("/devices", host=r["host"], limit=5000):
-        if d["uuid"] not in mine:
-            continue
+    if any(d.get("status") == "stale" for d in listed):
+        out.append(_("note: the agent of %(host)s has not reported lately (stale): whether these GPUs are free now "
+                     "is unknown, and the host may be down", host=r["host"]))
+    for d in listed:
         for p in d.get("processes") or []:
             if p["type"] == "G" or (p.get("unix_user") and p["unix_user"] == ctx.username):
                 continue

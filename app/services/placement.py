@@ -202,8 +202,12 @@ def candidates(session: Session, *, req: Request, after: datetime) -> list[Candi
 
 
 def _score(sel: Sequence[Candidate], start: datetime, end: datetime, now: datetime) -> tuple:
+    """Lower is better. Devices known busy are counted before unknown ones: a choice with one
+    GPU running someone's job is worse than any with none, however many unknown (their ranks
+    summed, one busy and one idle would tie with two unknown)."""
     stretch = sum(min(c.stretch(start, end, now), 1e15) for c in sel)
-    return (sum(c.busy_rank for c in sel), len({c.group for c in sel}), stretch, sorted(c.sort_index for c in sel))
+    return (sum(c.busy_rank == 2 for c in sel), sum(c.busy_rank == 1 for c in sel), len({c.group for c in sel}), stretch,
+            sorted(c.sort_index for c in sel))
 
 
 def choose(free: Sequence[Candidate], count: int, start: datetime, end: datetime, now: datetime) -> list[Candidate]:

@@ -184,6 +184,22 @@ def test_login_with_a_token_and_xdg_config_home(lab):
 # ---------------------------------------------------------------------------- booking
 
 
+def test_reserve_on_a_host_whose_agent_went_stale_says_so(lab):
+    from sqlalchemy import update
+
+    from app.models import Host
+
+    engine = build_engine(Settings(database_url=lab.db_url))
+    run_in_transaction(build_session_factory(engine), lambda s: s.execute(
+        update(Host).where(Host.name == "node-01").values(last_seen_at=datetime.now(UTC) - timedelta(hours=1))))
+    engine.dispose()
+    out = lab.cli("reserve", "-n", "1", "--for", "1h")
+    assert out.returncode == 0, out.stderr
+    assert "note: the agent of node-01 has not reported lately (stale): whether these GPUs are free now is unknown" in out.stdout
+    later = lab.cli("reserve", "-n", "1", "--for", "1h", "--start", "2031-03-04 10:00")  # not held now: nothing to say
+    assert later.returncode == 0 and "stale" not in later.stdout, later.stdout
+
+
 def test_reserve_list_extend_cancel_and_release(lab):
     r = _json(lab.cli("reserve", "-n", "2", "--for", "2h", "--min-memory", "40G", "--note", "sweep", "--json"))
     assert r["state"] == "active" and len(r["devices"]) == 2 and r["note"] == "sweep"

@@ -201,6 +201,30 @@ def test_a_host_whose_agent_went_quiet_counts_as_unknown_after_idle_and_before_b
     assert place(lab.bob, 1) == "aaa-quiet"
 
 
+def test_one_device_known_busy_weighs_more_than_any_number_unknown(client, lab, make_host, session_factory):
+    """Two GPUs wanted: node-01 has one idle and one running someone else's job free, the quiet
+    host two unknown. Known busy comes last, so the quiet host's pair wins, though node-01's
+    name sorts first and one of its GPUs is idle (ranks summed, the two pairs tied)."""
+    quiet = make_host("zzz-quiet")  # its name and UUIDs sort last: neither decides for it
+    devs = [gpu(f"GPU-ffff{i}{i}{i}{i}-0000-0000-0000-00000000000{i}", i) for i in range(2)]
+    assert client.post("/api/v1/agent/snapshots", json=snapshot_body("zzz-quiet", 1, devs),
+                       headers=quiet.headers).status_code == 200
+    with transaction(session_factory, write=True) as s:
+        s.scalar(select(Host).where(Host.name == "zzz-quiet")).last_seen_at = datetime.now(UTC) - timedelta(hours=1)
+    busy = [gpu(u, i) for i, u in enumerate(lab.devices)]
+    procs = [{"device_uuid": lab.devices[0], "pid": 4242, "type": "C", "used_memory_mib": 30000.0, "unix_user": "bob",
+              "uid": 1001, "name": "python", "create_time": 2.0}]
+    busy[0].update(memory_used_mib=30000.0, utilization_gpu=99.0)
+    assert client.post("/api/v1/agent/snapshots", headers=lab.host.headers, json=snapshot_body(
+        "node-01", 2, busy, procs, interval_seconds=FRESH_FOR)).status_code == 200
+    taken = client.post("/api/v1/reservations", headers=lab.bob.headers,
+                        json={"host": "node-01", "devices": [2, 3], "start": "now", "duration": "PT3H"})
+    assert taken.status_code == 201, taken.text
+    r = client.post("/api/v1/reservations", headers=lab.alice.headers, json={"count": 2, "start": "asap", "duration": "PT1H"})
+    assert r.status_code == 201, r.text
+    assert r.json()["host"] == "zzz-quiet"
+
+
 def test_prefers_devices_of_one_link_group(client, lab, session_factory):
     devs = [gpu(u, i, link_group="nvl-a" if i < 2 else "nvl-b") for i, u in enumerate(lab.devices)]
     _snapshot(client, lab, 2, devs)
