@@ -191,10 +191,10 @@ def test_book_see_conflict_cancel_sign_out(page, live):
     assert exports == f"export CUDA_VISIBLE_DEVICES={UUIDS[2]},{UUIDS[3]}\nexport CUDA_DEVICE_ORDER=PCI_BUS_ID"
     rid = int(re.search(r"/me/reservations/(\d+)", page.url).group(1))
 
-    # Now: the devices are free until the booking, which is alice's
+    # Now: GPU 3 runs mallory's unreserved miner, and nothing is reserved on it until alice's booking
     page.goto(live.url + "/")
     row = page.locator("article.dev", has=page.locator(f'code:text-is("{UUIDS[3]}")'))
-    assert "free until" in row.inner_text() and "then alice" in row.inner_text()
+    assert "not reserved until" in row.inner_text() and "then alice" in row.inner_text()
     # ...and the hosts block refreshes itself through the htmx fragment
     with page.expect_response(lambda r: r.url == live.url + "/" and r.request.headers.get("hx-request") == "true",
                               timeout=12_000) as polled:

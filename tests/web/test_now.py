@@ -138,9 +138,13 @@ def test_holder_until_and_free_until_and_free(weblab, replayed):
     assert "<strong>alice</strong> until" in held and "alice-job" in held
     assert 'class="badge s-reserved-idle">reserved, idle</span>' in held
     later = _device_block(html, weblab.devices[2])
-    assert "free until <time" in later and "then bob" in later
-    free = _device_block(html, weblab.devices[3])
-    assert 'class="badge s-free">free</span>' in free and "<span>free</span>" in free
+    assert 'class="badge s-free">free</span>' in later and "<span>until <time" in later and "then bob" in later
+    free = _device_block(html, weblab.devices[3])  # the badge says it, once: "free", not "free free"
+    assert 'class="badge s-free">free</span>' in free and "<span>free</span>" not in free and "reserved" not in free
+    # a device in use with no reservation: the text says what is reserved (nothing), never "free"
+    offender = _device_block(html, replayed["offender"].device_uuid)
+    assert 'class="badge s-finding">finding</span>' in offender and "<span>not reserved</span>" in offender
+    assert ">free<" not in offender
 
 
 def test_uuid_and_bus_id_are_on_the_page(weblab, replayed):
