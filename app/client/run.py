@@ -35,8 +35,9 @@ def docker_args(ctx: Ctx, uuids: str) -> list[str]:
 def run(
     ctx: Ctx,
     cmd: Annotated[list[str], typer.Argument(help="the command, after --")],
-    count: Annotated[int, typer.Option("--count", "-n", min=1, max=64, help="how many GPUs")] = 1,
-    duration: Annotated[str | None, typer.Option("--for", help="how long to reserve: 90m, 4h, 2d")] = None,
+    count: Annotated[int | None, typer.Option("--count", "-n", min=1, max=64, help="how many GPUs (default: 1 to reserve, "
+                                              "all of an active reservation of yours)")] = None,
+    duration: Annotated[str | None, typer.Option("--for", help="how long to reserve: 90m, 4h, 2d (a new reservation only)")] = None,
     host: Annotated[str | None, typer.Option(help="instead of this machine (socket.gethostname())")] = None,
     model: Annotated[str | None, typer.Option(help="GPU model contains this")] = None,
     min_memory: Annotated[str | None, typer.Option(help="per GPU, e.g. 40G")] = None,
@@ -47,7 +48,8 @@ def run(
 ) -> None:
     """Run a command on reserved GPUs of this host, then release them.
 
-    Reuses your active reservation with enough GPUs (or --id), else reserves -n GPUs --for asap.
+    Reuses your active reservation with enough GPUs (or --id; with -n, the command sees that many of
+    its GPUs), else reserves -n GPUs --for asap.
 
     It waits for the start, runs the command with CUDA_VISIBLE_DEVICES set and exits with its status.
 
@@ -63,26 +65,49 @@ def run(
         h = host or r["host"]
     else:
         h = this_host(ctx, host)
-        usable = [x for x in active_on(ctx, h) if len(x["devices"]) >= count]
+        usable = [x for x in active_on(ctx, h) if len(x["devices"]) >= (count or 1)]
         if usable:
             r = usable[0]
         else:
             if not duration:
-                raise Fail(_("you hold no active reservation with %(count)s GPU(s) on %(host)s; give --for to reserve one", count=count, host=h), USAGE)
-            body = reservation_body(ctx, duration=duration, count=count, start="asap", host=h, model=model,
+                raise Fail(_("you hold no active reservation with %(count)s GPU(s) on %(host)s; give --for to reserve one", count=count or 1, host=h), USAGE)
+            body = reservation_body(ctx, duration=duration, count=count or 1, start="asap", host=h, model=model,
                                      min_memory=min_memory, device=None, note=note or f"gpuroster run: {' '.join(cmd)}"[:1024],
                                      share=None)
             r = ctx.api.create("/reservations", body)
             created = True
     if r["host"] != h:
         raise Fail(_("reservation #%(id)s is on %(host)s, not on this host (%(here)s)", id=r["id"], host=r["host"], here=h))
+    uuids = r["cuda_visible_devices"].split(",")
+    if not created:
+        uuids = _reused(ctx, r, count=count, duration=duration)
     if docker:
-        cmd = [cmd[0], "run", *docker_args(ctx, r["cuda_visible_devices"]), *cmd[2:]]
-    code = _run_reserved(ctx, r, cmd, created=created)
+        cmd = [cmd[0], "run", *docker_args(ctx, ",".join(uuids)), *cmd[2:]]
+    code = _run_reserved(ctx, r, cmd, uuids=uuids, created=created)
     raise typer.Exit(code)
 
 
-def _run_reserved(ctx: Ctx, r: dict, cmd: list[str], *, created: bool) -> int:
+def _reused(ctx: Ctx, r: dict, *, count: int | None, duration: str | None) -> list[str]:
+    """The UUIDs the command gets of a reservation it did not make (its first ``count`` in
+    index order, all without ``-n``), told on stderr with the reservation's end, and that
+    ``--for`` did not change it."""
+    uuids = r["cuda_visible_devices"].split(",")
+    if count is not None and count < len(uuids):
+        uuids = uuids[:count]
+        shown = {d["uuid"]: str(d["index"]) if d.get("index") is not None else d["uuid"] for d in r["devices"]}
+        typer.echo(_("gpuroster: using GPU %(used)s of your reservation #%(id)s (GPU %(devices)s) until %(end)s",
+                     used=",".join(shown.get(u, u) for u in uuids), id=r["id"], devices=devices_text(r),
+                     end=fmt_time(as_datetime(r["end"]), ctx.tz)), err=True)
+    else:
+        typer.echo(_("gpuroster: using your reservation #%(id)s (GPU %(devices)s) until %(end)s", id=r["id"],
+                     devices=devices_text(r), end=fmt_time(as_datetime(r["end"]), ctx.tz)), err=True)
+    if duration:
+        typer.echo(_("gpuroster: --for applies to a new reservation only; 'gpuroster extend %(id)s' changes this one",
+                     id=r["id"]), err=True)
+    return uuids
+
+
+def _run_reserved(ctx: Ctx, r: dict, cmd: list[str], *, uuids: list[str], created: bool) -> int:
     stop: list[int] = []
     child: subprocess.Popen | None = None
 
@@ -107,7 +132,7 @@ def _run_reserved(ctx: Ctx, r: dict, cmd: list[str], *, created: bool) -> int:
                 time.sleep(min(0.5, max(0.0, (start - datetime.now(UTC)).total_seconds())))
             if stop:
                 return 128 + stop[0]
-        environ = {**os.environ, "CUDA_VISIBLE_DEVICES": r["cuda_visible_devices"], "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        environ = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(uuids), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                    "GPUROSTER_RESERVATION_ID": str(r["id"])}
         try:
             child = subprocess.Popen(cmd, env=environ, preexec_fn=_foreground_child(tty) if tty is not None else None,

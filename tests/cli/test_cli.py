@@ -482,7 +482,22 @@ def test_run_waits_for_the_start_and_reuses_an_active_reservation(lab):
                                                             "duration": "PT1H"}).json()
     out = lab.cli("run", "--host", "node-01", "--", PY, "-c", "import os; print(os.environ['GPUROSTER_RESERVATION_ID'])")
     assert out.returncode == 0 and out.stdout.strip() == str(held["id"])
+    assert f"using your reservation #{held['id']} (GPU 3) until" in out.stderr
     assert lab.api("GET", f"/reservations/{held['id']}", lab.alice).json()["state"] == "active"
+    lab.api("POST", f"/reservations/{held['id']}/release", lab.alice)
+    # a reused reservation of two GPUs and -n 1: the command sees one of them; --for does not change it
+    pair = lab.api("POST", "/reservations", lab.alice, json={"host": "node-01", "devices": [2, 3], "start": "now",
+                                                            "duration": "PT1H"}).json()
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    out = lab.cli("run", "-n", "1", "--for", "2h", "--host", "node-01", "--", PY, "-c", code)
+    assert out.returncode == 0 and out.stdout.strip() == lab.devices[2], (out.stdout, out.stderr)
+    assert f"using GPU 2 of your reservation #{pair['id']} (GPU 2,3) until" in out.stderr
+    assert "--for applies to a new reservation only" in out.stderr
+    after = lab.api("GET", f"/reservations/{pair['id']}", lab.alice).json()
+    assert after["state"] == "active" and after["end"] == pair["end"]
+    out = lab.cli("run", "--host", "node-01", "--", PY, "-c", code)  # without -n: all of its GPUs
+    assert out.stdout.strip() == f"{lab.devices[2]},{lab.devices[3]}", out.stderr
+    lab.api("POST", f"/reservations/{pair['id']}/release", lab.alice)
     # nothing to reuse and no --for: a usage error naming the option
     out = lab.cli("run", "-n", "2", "--host", "node-01", "--", "true")
     assert out.returncode == 2 and "--for" in out.stderr
