@@ -31,11 +31,16 @@ class AppError(Exception):
         self.extra = extra
 
     def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """The RFC 9457 document: ``type``, ``title``, ``status``, ``detail``, ``instance``;
+        with a field, ``field`` and ``errors`` (``[{"field", "message"}]``), the same two
+        members a request that fails validation gets, so a client reads either one way."""
         doc: dict[str, Any] = {"type": self.type_, "title": self.title, "status": self.status, "detail": self.detail}
         if instance:
             doc["instance"] = instance
         if self.field:
             doc["field"] = self.field
+            message = self.detail.removeprefix(f"{self.field}: ")
+            doc["errors"] = [{"field": self.field, "message": message}]
         doc.update(self.extra)
         return doc
 
@@ -73,9 +78,11 @@ class HistoryImmutable(Conflict):
 
 
 class InvalidInput(AppError):
-    """422: the request is well-formed but a field's value is unacceptable."""
+    """422: the request is well-formed but a field's value is unacceptable (the problem type
+    of a request that fails validation, :func:`app.problems.validation_problem`)."""
 
     status, title = 422, "Invalid input"
+    type_ = "/problems/validation"
 
 
 class RuleViolation(Forbidden):

@@ -63,10 +63,13 @@ def _item(error: dict[str, Any]) -> dict[str, str]:
 
 
 def validation_problem(errors: list[dict[str, Any]], instance: str | None = None) -> dict[str, Any]:
-    """422 problem document listing each invalid field (``errors[].field`` and message)."""
+    """422 problem document listing each invalid field (``errors[].field`` and message), and
+    the first one as ``field``, as an :class:`~app.errors.InvalidInput` names its one."""
     items = [_item(e) for e in errors]
     detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:5])
     doc = {"type": "/problems/validation", "title": "Invalid input", "status": 422, "detail": detail, "errors": items}
+    if items:
+        doc["field"] = items[0]["field"]
     if instance:
         doc["instance"] = instance
     return doc
@@ -82,6 +85,8 @@ def install_error_handlers(app: FastAPI) -> None:
         tz = _lab_zone(request)
         if tz is not None:
             doc["detail"] = localize_instants(doc["detail"], tz)
+            for item in doc.get("errors", ()):
+                item["message"] = localize_instants(item["message"], tz)
         return problem_response(exc.status, doc, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -203,3 +203,17 @@ def test_b07_whole_gpu_with_a_reserved_mig_slice_is_not_shown_free(client, lab, 
     listed = {d["uuid"]: d for d in client.get("/api/v1/devices", params={"host": "mig-02"}, headers=lab.bob.headers).json()}
     assert listed[parent]["holder"]["user"] == "alice" and listed[parent]["status"] == "reserved-idle"
     assert book(client, lab.bob, [parent], "now", host="mig-02", duration="PT1H").status_code == 409
+
+
+def test_every_422_names_its_field_the_same_two_ways(client, lab):
+    """A value the service refuses (end before start) and one the schema refuses (a negative
+    duration) answer in one shape: type, ``field`` and ``errors[].field``."""
+    start = future(4)
+    by_service = book(client, lab.alice, [0], start, start - timedelta(hours=1))
+    by_schema = client.post("/api/v1/reservations", headers=lab.alice.headers,
+                            json={"host": "node-01", "devices": [0], "start": start.isoformat(), "duration": "PT-1H"})
+    for r, field in ((by_service, "end"), (by_schema, "duration")):
+        doc = r.json()
+        assert r.status_code == 422 and doc["type"] == "/problems/validation", doc
+        assert doc["field"] == field and doc["errors"][0]["field"] == field, doc
+        assert doc["errors"][0]["message"] and not doc["errors"][0]["message"].startswith(f"{field}:"), doc
