@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # imported where used: --help needs neither httpx nor the tim
 OK, ERROR, USAGE, CONFLICT, REFUSED, UNREACHABLE, AUTH = 0, 1, 2, 3, 4, 5, 6
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 other error (not found, server error); 2 bad usage or invalid input; "
-    "3 conflict (the devices are reserved); 4 refused (a sharing rule or a permission); "
+    "3 conflict (the devices are reserved, or the state no longer allows it: the message says which); 4 refused (a sharing rule or a permission); "
     "5 server unreachable; 6 not signed in, token rejected or too many sign-in attempts; "
     "run: the command's own exit status (128+N when killed by signal N, 127 when it cannot start)."
 )
