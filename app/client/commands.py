@@ -234,6 +234,9 @@ def status(
     for h in ctx.api.get("/hosts"):
         if host and h["name"] != host:
             continue
+        if h.get("source") == "replay":
+            typer.echo(_("%(host)s: replay of %(captures)s (recorded captures, not live GPUs)", host=h["name"],
+                         captures=", ".join(h.get("replay_of") or []) or "?"))
         offset = h.get("clock_offset_s")
         if offset is not None and abs(offset) > 2:
             msg = (_("%(host)s: host clock %(s).1f s behind the service's", host=h["name"], s=abs(offset)) if offset > 0

@@ -22,6 +22,7 @@ from app.models import User, utcnow
 from app.models.states import LIVE_FINDING_STATES
 from app.schemas.finding import FindingRead
 from app.services import findings as findings_service
+from app.services import hosts as host_service
 from app.web.deps import PageViewer
 from app.web.render import page
 from app.web.routing import page_router
@@ -74,5 +75,6 @@ def findings_page(request: Request, viewer: PageViewer, session: SessionDep) -> 
     ctx = {
         "viewer": viewer, "active": "findings", "view": findings_view(session, viewer=viewer.user, now=now),
         "now": now, "recent_days": RECENT_DAYS, "kind_text": KIND_TEXT,
+        "replay_hosts": host_service.host_names(session)[1],  # findings replayed from captures are marked so
     }
     return page(request, "findings.html", ctx)

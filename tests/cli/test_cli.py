@@ -406,6 +406,22 @@ def test_run_docker_passes_the_gpus_and_the_owner_label_after_run(lab):
     assert out.returncode == 2 and "docker run" in out.stderr
 
 
+def test_status_says_which_hosts_are_replays_of_captures(lab, server):
+    from app.services import hosts as host_service
+
+    engine = build_engine(Settings(database_url=server.db_url))
+    token = run_in_transaction(build_session_factory(engine), lambda s: host_service.create_host(s, name="lab-replay")[1])
+    engine.dispose()
+    r = httpx.post(server.url + "/api/v1/agent/snapshots", headers={"Authorization": f"Bearer {token}"},
+                   json=snapshot_body("lab-replay", 1, [gpu("GPU-7777cccc-0000-0000-0000-000000000007", 0)],
+                                      source="replay", replay_of=["k80.xml"]))
+    assert r.status_code == 200, r.text
+    out = lab.cli("status")
+    assert out.returncode == 0, out.stderr
+    assert "lab-replay: replay of k80.xml (recorded captures, not live GPUs)" in out.stdout
+    assert "node-01: replay" not in out.stdout
+
+
 def test_status_names_unattributed_containers_and_unknown_uids(lab, server):
     from app.services import hosts as host_service
 

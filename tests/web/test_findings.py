@@ -62,3 +62,14 @@ def test_notice_recipients_only_for_admins_and_the_offender(weblab, reported):
 def test_no_findings(weblab):
     page = weblab.bob.get("/findings").text
     assert "No open findings." in page and "None." in page
+
+
+def test_a_finding_of_a_replayed_host_is_marked_replay(weblab, client, reported):
+    page = weblab.admin.get("/findings").text
+    assert "badge replay" not in page  # node-01 reports live GPUs
+    body = snapshot_body("node-01", 3, [gpu(u, i) for i, u in enumerate(weblab.devices)], source="replay",
+                         replay_of=["k80.xml"])
+    assert client.post("/api/v1/agent/snapshots", json=body,
+                       headers={"Authorization": f"Bearer {weblab.host_token}"}).status_code == 200
+    open_ = _section(weblab.admin.get("/findings").text, "Open")
+    assert 'node-01 <span class="badge replay"' in open_
