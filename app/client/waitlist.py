@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from app.client.context import Ctx, duration_option, parse_start, placement_constraints
-from app.client.formatting import as_datetime, fmt_span, fmt_time, print_json, table
+from app.client.context import Ctx, busy_notes, duration_option, parse_start, placement_constraints
+from app.client.formatting import as_datetime, fmt_span, fmt_time, print_json, reservation_line, table
 from app.i18n import gettext as _
 
 
@@ -57,7 +57,11 @@ def wait(
         print_json(e)
         return
     typer.echo(entry_line(e, ctx.tz))
-    if e["state"] == "booked":
+    if e["state"] == "booked":  # what was booked, as reserve says it: host, GPUs, interval, and who else runs there
+        r = ctx.api.get(f"/reservations/{e['reservation_id']}")
+        typer.echo(_("reserved %(reservation)s", reservation=reservation_line(r, ctx.tz)))
+        for line in busy_notes(ctx, r):
+            typer.echo(line)
         typer.echo(_("booked at once: gpuroster list   or   gpuroster run --id %(id)s -- <command>", id=e["reservation_id"]))
 
 

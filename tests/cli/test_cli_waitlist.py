@@ -46,3 +46,10 @@ def test_wait_for_more_than_any_host_has_exits_2(lab):  # noqa: F811
     assert out.returncode == 2 and "count:" in out.stderr
     out = lab.cli("wait", "-n", "1", "--for", "1h", "--within", "soon")
     assert out.returncode == 2 and "--within" in out.stderr
+
+
+def test_wait_that_books_at_once_says_what_it_booked(lab):  # noqa: F811
+    out = lab.cli("wait", "-n", "1", "--for", "1h", "--book")
+    assert out.returncode == 0, out.stderr
+    assert " booked: 1 GPU(s) for 1h" in out.stdout and "→ reservation #" in out.stdout
+    assert "reserved #" in out.stdout and " active on node-01: GPU " in out.stdout, out.stdout
