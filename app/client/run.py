@@ -92,6 +92,9 @@ def _reused(ctx: Ctx, r: dict, *, count: int | None, duration: str | None) -> li
     index order, all without ``-n``), told on stderr with the reservation's end, and that
     ``--for`` did not change it."""
     uuids = r["cuda_visible_devices"].split(",")
+    if count is not None and count > len(uuids):
+        raise Fail(_("reservation #%(id)s has %(n)s GPU(s), fewer than -n %(count)s", id=r["id"], n=len(uuids), count=count),
+                   USAGE)
     if count is not None and count < len(uuids):
         uuids = uuids[:count]
         shown = {d["uuid"]: str(d["index"]) if d.get("index") is not None else d["uuid"] for d in r["devices"]}

@@ -220,7 +220,7 @@ def conflict_error(
     conflicts = list(found) if found is not None else find_conflicts(
         session, devices=devices, start=start, end=end, exclude_id=exclude_id)
     free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
-    blocking = in_the_way(devices, conflicts)
+    blocking = in_the_way(devices, conflicts, start, end)
     refs = [
         ConflictRef(
             id=c.id, user=c.user.username, devices=[d.uuid for d in blocking[c.id]], start=c.start_at, end=c.end_at
@@ -244,12 +244,15 @@ def conflict_error(
     )
 
 
-def in_the_way(devices: Sequence[Device], conflicts: Sequence[Reservation]) -> dict[int, list[Device]]:
+def in_the_way(devices: Sequence[Device], conflicts: Sequence[Reservation], start: datetime,
+               end: datetime) -> dict[int, list[Device]]:
     """Reservation id -> its devices that hold one of the requested ``devices`` (by the holder
     rule, :func:`match_holdings`: the device itself, or the whole GPU of a requested MIG slice,
-    or a MIG slice of a requested whole GPU), in index order. A booking of one GPU that collides
-    with a reservation of four is told of the one GPU in its way, not of all four."""
-    rows = [(i.device_id, i.physical_id, i.slice_kind, c, i.device) for c in conflicts for i in c.items]
+    or a MIG slice of a requested whole GPU) for part of ``[start, end)``, in index order. A
+    booking of one GPU that collides with a reservation of four is told of the one GPU in its
+    way, not of all four, nor of one its holder gave back early."""
+    rows = [(i.device_id, i.physical_id, i.slice_kind, c, i.device) for c in conflicts for i in c.items
+            if i.active and i.start_at < end and i.end_at > start]  # a device given back early is in no one's way
     held = {(h.reservation.id, h.via.id if h.via is not None else h.device_id)
             for hs in match_holdings(devices, rows).values() for h in hs}
     return {c.id: [d for d in devices_sorted(c) if (c.id, d.id) in held] or devices_sorted(c) for c in conflicts}

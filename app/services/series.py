@@ -287,9 +287,10 @@ def _book(
         )
         clash = conflict_service.find_conflicts(session, devices=devices, start=start, end=end)
         if clash:
+            blocking = conflict_service.in_the_way(devices, clash, start, end)
             conflicts.append({
                 "day": day.isoformat(), "start": start.isoformat(), "end": end.isoformat(), "local_start": _local(start, tz),
-                "conflicts": [ConflictRef(id=c.id, user=c.user.username, devices=[i.device.uuid for i in c.items],
+                "conflicts": [ConflictRef(id=c.id, user=c.user.username, devices=[d.uuid for d in blocking[c.id]],
                                           start=c.start_at, end=c.end_at).model_dump(mode="json") for c in clash],
             })
             continue

@@ -217,3 +217,24 @@ def test_every_422_names_its_field_the_same_two_ways(client, lab):
         assert r.status_code == 422 and doc["type"] == "/problems/validation", doc
         assert doc["field"] == field and doc["errors"][0]["field"] == field, doc
         assert doc["errors"][0]["message"] and not doc["errors"][0]["message"].startswith(f"{field}:"), doc
+
+
+def test_a_409_never_names_a_device_its_holder_gave_back_early(client, lab, session_factory):
+    """The check-in sweep gives idle devices of a reservation back one by one (their rows end
+    now): a later booking of both GPUs is in the way of the one still held, and only it is named."""
+    from sqlalchemy import select, update
+
+    from app.db import transaction
+    from app.models import Device, ReservationDevice
+
+    held = book(client, lab.bob, [0, 1], "now", duration="PT2H")
+    assert held.status_code == 201, held.text
+    rid = held.json()["id"]
+    with transaction(session_factory, write=True) as s:
+        gpu0 = s.scalar(select(Device.id).where(Device.uuid == lab.devices[0]))
+        s.execute(update(ReservationDevice).where(ReservationDevice.reservation_id == rid,
+                                                  ReservationDevice.device_id == gpu0).values(end_at=datetime.now(UTC)))
+    r = book(client, lab.alice, [0, 1], future(1), duration="PT30M")
+    assert r.status_code == 409, r.text
+    assert r.json()["conflicts"][0]["devices"] == [lab.devices[1]]
+    assert f"#{rid} by bob on GPU 1 [" in r.json()["detail"], r.json()["detail"]

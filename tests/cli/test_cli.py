@@ -453,6 +453,8 @@ def test_run_with_id_off_the_gpu_host_runs_like_env_with_id(lab):
     assert lab.api("GET", f"/reservations/{r['id']}", lab.alice).json()["state"] == "active"
     out = lab.cli("run", "--id", str(r["id"]), "--host", "node-02", "--", PY, "-c", code)
     assert out.returncode == 1 and "not on this host (node-02)" in out.stderr
+    out = lab.cli("run", "--id", str(r["id"]), "-n", "2", "--", PY, "-c", code)  # more than it holds: refused, not ignored
+    assert out.returncode == 2 and f"reservation #{r['id']} has 1 GPU(s), fewer than -n 2" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -303,3 +303,15 @@ def test_a_series_past_year_9999_is_refused_naming_the_field_and_nothing_is_stor
         assert r.status_code == 422, r.text
         assert r.json()["field"] == field and "9999" in r.json()["detail"], r.text
     assert client.get("/api/v1/reservations", headers=lab.alice.headers).json()["total"] == 0
+
+
+def test_a_series_409_names_the_devices_in_the_way_as_a_booking_does(client, lab):
+    year = datetime.now(UTC).year + 1
+    held = book(client, lab.bob, [0, 1], f"{year}-03-25T09:30", f"{year}-03-25T10:30", tz="Europe/Berlin")
+    assert held.status_code == 201, held.text
+    body = {"host": "node-01", "devices": [1], "freq": "daily", "start_date": f"{year}-03-20", "until": f"{year}-03-28",
+            "start_time": "09:00", "duration": "PT1H", "tz": "Europe/Berlin"}
+    r = client.post("/api/v1/series", json=body, headers=lab.alice.headers)
+    assert r.status_code == 409, r.text
+    [day] = r.json()["occurrences"]
+    assert day["conflicts"][0]["devices"] == [lab.devices[1]]  # bob's GPU 0 is not in the way of GPU 1

@@ -49,3 +49,19 @@ def test_a_quarantined_free_device_is_not_called_free(client, weblab):
     assert "not bookable" in card and ">free<" not in card
     timeline = weblab.alice.get("/timeline").text
     assert '<span class="warn small">quarantined: XID 79 error</span></div>' in timeline  # no markup inside an attribute
+
+
+def test_a_quarantined_device_booked_later_says_not_bookable_not_until_then(client, weblab):
+    """Its badge reads "quarantined", so "until 18:00 (then bob)" beside it would read as the
+    quarantine's end; it lasts until an admin clears it."""
+    from tests.conftest import future
+
+    r = weblab.bob.client.post("/api/v1/reservations", headers={"X-CSRF-Token": weblab.bob.csrf},
+                               json={"host": "node-01", "devices": [3], "start": future(3).isoformat(), "duration": "PT2H"})
+    assert r.status_code == 201, r.text
+    quarantine(client, weblab, 3, [{"kind": "xid", "state": "bad", "value": 79}])
+    now = weblab.alice.get("/").text
+    card = now[now.index(weblab.devices[3][:12]):]
+    holder = card[card.index('<div class="dev-holder">'):]
+    holder = holder[:holder.index("</div>")]
+    assert ">quarantined<" in holder and "not bookable" in holder and "until" not in holder, holder
