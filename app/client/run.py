@@ -80,18 +80,17 @@ def run(
         raise Fail(_("reservation #%(id)s is on %(host)s, not on this host (%(here)s)", id=r["id"], host=r["host"], here=h))
     uuids = r["cuda_visible_devices"].split(",")
     if not created:
-        uuids = _reused(ctx, r, count=count, duration=duration)
+        uuids = _reused(ctx, r, uuids, count=count, duration=duration)
     if docker:
         cmd = [cmd[0], "run", *docker_args(ctx, ",".join(uuids)), *cmd[2:]]
     code = _run_reserved(ctx, r, cmd, uuids=uuids, created=created)
     raise typer.Exit(code)
 
 
-def _reused(ctx: Ctx, r: dict, *, count: int | None, duration: str | None) -> list[str]:
-    """The UUIDs the command gets of a reservation it did not make (its first ``count`` in
-    index order, all without ``-n``), told on stderr with the reservation's end, and that
-    ``--for`` did not change it."""
-    uuids = r["cuda_visible_devices"].split(",")
+def _reused(ctx: Ctx, r: dict, uuids: list[str], *, count: int | None, duration: str | None) -> list[str]:
+    """Of ``uuids`` (all of ``r``'s, in index order), those the command gets of a reservation
+    it did not make (the first ``count``, all without ``-n``), told on stderr with the
+    reservation's end, and that ``--for`` did not change it."""
     if count is not None and count > len(uuids):
         raise Fail(_("reservation #%(id)s has %(n)s GPU(s), fewer than -n %(count)s", id=r["id"], n=len(uuids), count=count),
                    USAGE)

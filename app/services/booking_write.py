@@ -18,7 +18,7 @@ the session that names a row that is gone. Change a reservation by loading it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -63,23 +63,24 @@ def add_reservation(
     it). Returns the reservation as written, transient (module docstring).
     """
     ordered = sorted(devices, key=lambda d: d.id)
+    items = [{"device_id": d.id, "physical_id": d.physical_id, "slice_kind": 1 if d.parent_id else 0,
+              "start_at": start, "end_at": end, "active": True} for d in ordered]
+    share_rows = [{"user_id": _id(s.user), "group_id": _id(s.group)} for s in shares]
     written: list[Any] = []
 
     def write() -> None:
         session.flush()  # ORM changes made before (an expired pending's freed devices) go first
         row = session.execute(_INSERT_RESERVATION, {**values, "user_id": user.id, "host_id": host.id,
                                                     "start_at": start, "end_at": end}).one()
-        session.execute(_INSERT_ITEMS, [
-            {"reservation_id": row.id, "device_id": d.id, "physical_id": d.physical_id,
-             "slice_kind": 1 if d.parent_id else 0, "start_at": start, "end_at": end, "active": True}
-            for d in ordered])
-        if shares:
-            session.execute(_INSERT_SHARES, [{"reservation_id": row.id, "user_id": _id(s.user), "group_id": _id(s.group)}
-                                             for s in shares])
+        for child in (*items, *share_rows):
+            child["reservation_id"] = row.id
+        session.execute(_INSERT_ITEMS, items)
+        if share_rows:
+            session.execute(_INSERT_SHARES, share_rows)
         written.append(row)
 
     write_guarded(session, write, devices=ordered, start=start, end=end, exclude_id=None, tz=tz)
-    return _as_loaded(written[0], user=user, host=host, devices=ordered, shares=shares)
+    return _as_loaded(written[0], user=user, host=host, items=zip(ordered, items), shares=zip(shares, share_rows))
 
 
 def _id(obj: Any) -> int | None:
@@ -87,26 +88,26 @@ def _id(obj: Any) -> int | None:
     return obj.id if obj is not None else None
 
 
-def _as_loaded(row: Any, *, user: User, host: Host, devices: Sequence[Device],
-               shares: Sequence[ReservationShare]) -> Reservation:
+def _as_loaded(row: Any, *, user: User, host: Host, items: Iterable[tuple[Device, dict[str, Any]]],
+               shares: Iterable[tuple[ReservationShare, dict[str, Any]]]) -> Reservation:
     """A detached :class:`Reservation` holding ``row``'s columns and the given relationships,
-    each set as a loaded value (no change history, no events)."""
+    each set as a loaded value (no change history, no events); ``items`` and ``shares``: each
+    device or share with the values written for it."""
     r = Reservation()
     for attr, column in _COLUMN_KEYS:
         set_committed_value(r, attr, row._mapping[column])
-    items = []
-    for d in devices:
+    loaded = []
+    for d, values in items:
         item = ReservationDevice()
-        for key, value in (("reservation_id", r.id), ("device_id", d.id), ("physical_id", d.physical_id),
-                           ("slice_kind", 1 if d.parent_id else 0), ("start_at", r.start_at),
-                           ("end_at", r.end_at), ("active", True), ("device", d), ("reservation", r)):
+        for key, value in (*values.items(), ("device", d), ("reservation", r)):
             set_committed_value(item, key, value)
-        items.append(item)
-    for s in shares:
-        set_committed_value(s, "reservation_id", r.id)
-        for key, value in (("user_id", _id(s.user)), ("group_id", _id(s.group))):
-            set_committed_value(s, key, value)
-    for key, value in (("user", user), ("host", host), ("items", items), ("shares", list(shares))):
+        loaded.append(item)
+    given = []
+    for share, values in shares:
+        for key, value in values.items():
+            set_committed_value(share, key, value)
+        given.append(share)
+    for key, value in (("user", user), ("host", host), ("items", loaded), ("shares", given)):
         set_committed_value(r, key, value)
     return r
 

@@ -214,19 +214,15 @@ def conflict_error(
     """A 409 naming each conflicting reservation and the earliest free start. The message is
     for people: times in the lab's zone ``tz``, devices by their labels (``GPU 0``,
     ``GPU 0 · MIG 4``), the reservations of ``viewer`` (the requester's username) called
-    theirs; ``conflicts`` (each one's devices in the way of those requested, by UUID) and ``earliest_free_start`` (ISO 8601 UTC) are for machines.
+    theirs; ``conflicts`` (:func:`conflict_refs`) and ``earliest_free_start`` (ISO 8601 UTC)
+    are for machines.
     ``found``: what :func:`find_conflicts` already returned for the same arguments, if the
     caller has it (not read again)."""
     conflicts = list(found) if found is not None else find_conflicts(
         session, devices=devices, start=start, end=end, exclude_id=exclude_id)
     free = earliest_free_start(session, devices=devices, after=start, length=end - start, exclude_id=exclude_id)
     blocking = in_the_way(devices, conflicts, start, end)
-    refs = [
-        ConflictRef(
-            id=c.id, user=c.user.username, devices=[d.uuid for d in blocking[c.id]], start=c.start_at, end=c.end_at
-        ).model_dump(mode="json")
-        for c in conflicts
-    ]
+    refs = _refs(conflicts, blocking)
     parent_ids = {d.parent_id for c in conflicts for d in blocking[c.id] if d.parent_id is not None}
     parents = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(parent_ids)))} if parent_ids else {}
 
@@ -256,6 +252,19 @@ def in_the_way(devices: Sequence[Device], conflicts: Sequence[Reservation], star
     held = {(h.reservation.id, h.via.id if h.via is not None else h.device_id)
             for hs in match_holdings(devices, rows).values() for h in hs}
     return {c.id: [d for d in devices_sorted(c) if (c.id, d.id) in held] or devices_sorted(c) for c in conflicts}
+
+
+def conflict_refs(devices: Sequence[Device], conflicts: Sequence[Reservation], start: datetime,
+                  end: datetime) -> list[dict]:
+    """The ``conflicts`` member of a 409 (:class:`~app.schemas.reservation.ConflictRef` as
+    JSON): each reservation in the way of ``devices`` over ``[start, end)``, with only its
+    devices in the way (:func:`in_the_way`)."""
+    return _refs(conflicts, in_the_way(devices, conflicts, start, end))
+
+
+def _refs(conflicts: Sequence[Reservation], blocking: dict[int, list[Device]]) -> list[dict]:
+    return [ConflictRef(id=c.id, user=c.user.username, devices=[d.uuid for d in blocking[c.id]], start=c.start_at,
+                        end=c.end_at).model_dump(mode="json") for c in conflicts]
 
 
 def write_guarded(

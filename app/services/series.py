@@ -40,7 +40,6 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.errors import Forbidden, InvalidInput, NotFound, ReservationConflict
 from app.models import Device, Host, Reservation, ReservationSeries, User, utcnow
-from app.schemas.reservation import ConflictRef
 from app.schemas.series import MAX_OCCURRENCES, OccurrenceRead, SeriesCreate, SeriesRead
 from app.services import hosts as host_service
 from app.services import conflicts as conflict_service
@@ -287,11 +286,9 @@ def _book(
         )
         clash = conflict_service.find_conflicts(session, devices=devices, start=start, end=end)
         if clash:
-            blocking = conflict_service.in_the_way(devices, clash, start, end)
             conflicts.append({
                 "day": day.isoformat(), "start": start.isoformat(), "end": end.isoformat(), "local_start": _local(start, tz),
-                "conflicts": [ConflictRef(id=c.id, user=c.user.username, devices=[d.uuid for d in blocking[c.id]],
-                                          start=c.start_at, end=c.end_at).model_dump(mode="json") for c in clash],
+                "conflicts": conflict_service.conflict_refs(devices, clash, start, end),
             })
             continue
         r = add_reservation(session, user=owner, host=host, devices=devices, start=start, end=end,

@@ -193,12 +193,10 @@ def check_booking(session: Session, *, form: BookForm, settings: Settings, now: 
     )
     all_devices = list(session.scalars(select(Device).where(Device.host_id == host.id)))
     names = device_names(all_devices)
-    in_the_way = conflict_service.in_the_way(devices, conflicts, interval.start, interval.end)  # as the 409 of booking it would name them
-    lines = [ConflictLine(c.id, c.user.username, [names.get(d.uuid, d.uuid) for d in in_the_way[c.id]], c.start_at, c.end_at)
-             for c in conflicts]
+    refs = conflict_service.conflict_refs(devices, conflicts, interval.start, interval.end)  # what booking's 409 would say
     return BookingCheck(
         start=interval.start, end=interval.end, devices=[names.get(d.uuid, d.uuid) for d in devices],
-        conflicts=lines, earliest_free=free if conflicts else None,
+        conflicts=conflict_lines(refs, names), earliest_free=free if conflicts else None,
     )
 
 
