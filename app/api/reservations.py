@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Query, Response
+from fastapi import Query, Request, Response
+from sqlalchemy.orm import Session
 
 from app.routes import api_router
-from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser
-from app.api.idempotency import IdempotencyDep
+from app.api.deps import CredentialsDep, CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteTurnDep, WriteUser, in_write_unit
+from app.api.idempotency import RequestKeyDep, guard
+from app.models import User
 from app.schemas.common import Page
 from app.schemas.reservation import ReservationCreate, ReservationRead, ReservationUpdate
 from app.services import reservations as svc
@@ -22,18 +24,23 @@ CONFLICT = {409: {"description": "conflict: names each conflicting reservation a
 
 
 @router.post("", status_code=201, response_model=ReservationRead, responses={**CONFLICT, 403: {}, 422: {}})
-def create_reservation(data: ReservationCreate, user: WriteUser, session: WriteSessionDep, settings: SettingsDep,
-                       idem: IdempotencyDep) -> Response:
+async def create_reservation(request: Request, _signed: CredentialsDep, _turn: WriteTurnDep, data: ReservationCreate,
+                             settings: SettingsDep, found: RequestKeyDep) -> Response:
     """Book devices (UUIDs or indices) of a host for ``[start, end)``. With an
     ``Idempotency-Key`` header, a retry within 24 h gets the first answer and books nothing."""
-    # The answer is serialised by pydantic here, as response_model documents it: it is built
-    # from validated rows, and FastAPI's check of a returned model is one more hand-off to the
-    # thread pool per booking.
-    r = svc.create_reservation(session, actor=user, data=data, settings=settings)
-    location = f"/api/v1/reservations/{r.id}"
-    out = svc.to_read(r)
-    idem.done(201, out, location)
-    return Response(out.model_dump_json(), status_code=201, media_type="application/json", headers={"Location": location})
+    # One hand-off to the thread pool for the whole booking (in_write_unit), and the answer
+    # serialised by pydantic here, as response_model documents it: it is built from validated
+    # rows, and FastAPI's check of a returned model is one more hand-off per booking.
+    def book(session: Session, user: User) -> Response:
+        idem = guard(request, session, user, found)
+        r = svc.create_reservation(session, actor=user, data=data, settings=settings)
+        location = f"/api/v1/reservations/{r.id}"
+        out = svc.to_read(r)
+        idem.done(201, out, location)
+        return Response(out.model_dump_json(), status_code=201, media_type="application/json",
+                        headers={"Location": location})
+
+    return await in_write_unit(request, book)
 
 
 @router.get("", response_model=Page[ReservationRead], responses={404: {}})

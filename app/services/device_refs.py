@@ -31,7 +31,7 @@ _DEVICES_NAMED = select(Device).where(Device.host_id == bindparam("host_id"), _N
 # The host ``host_name`` with its devices named, their health and open quarantines (a MIG
 # slice's own and its GPU's).
 _BOOKABLE = (
-    select(Host, Device, DeviceTelemetry.health, DeviceQuarantine)
+    select(Host, Device, DeviceTelemetry.health, DeviceQuarantine.started_at, DeviceQuarantine.reason)
     .select_from(Host)
     .outerjoin(Device, and_(Device.host_id == Host.id, _NAMED))
     .outerjoin(DeviceTelemetry, DeviceTelemetry.device_id == Device.id)
@@ -100,15 +100,16 @@ def resolve_bookable_devices(session: Session, *, host_name: str, refs: Sequence
     if not rows:
         raise NotFound(f"host {host_name!r} not found", field="host")
     host = rows[0][0]
-    listed = list({d.id: d for _h, d, _health, _q in rows if d is not None}.values())
+    listed = list({d.id: d for _h, d, _health, _since, _why in rows if d is not None}.values())
     devices = _match_refs(session, host, refs, listed)
-    lost = {d.id for _h, d, health, _q in rows if d is not None and health == "lost"}
+    lost = {d.id for _h, d, health, _since, _why in rows if d is not None and health == "lost"}
     if lost:
         names = ", ".join(d.uuid for d in devices if d.id in lost)
         raise Conflict(f"devices: {names} reported lost by the host agent; not bookable until it is back", field="devices")
-    held = {d.id: q for _h, d, _health, q in rows if d is not None and q is not None}
+    # an open quarantine of the device (or of its GPU): since when, and why
+    held = {d.id: (since, why) for _h, d, _health, since, why in rows if d is not None and since is not None}
     if held and not allow_quarantined:
-        parts = [f"{d.uuid} is quarantined since {fmt_local(held[d.id].started_at, tz)}: {held[d.id].reason}"
+        parts = [f"{d.uuid} is quarantined since {fmt_local(held[d.id][0], tz)}: {held[d.id][1]}"
                  for d in devices if d.id in held]
         raise Conflict("devices: " + "; ".join(parts) + "; not bookable until the quarantine is cleared", field="devices")
     return host, devices

@@ -183,8 +183,10 @@ def revoke_api_token(session: Session, *, user: User, token_id: int) -> ApiToken
 
 
 # Every API request authenticates through this statement: built once, since building and
-# hashing it anew cost more CPU than running it.
-_TOKEN_AND_USER = (select(ApiToken, User).join(User, User.id == ApiToken.user_id)
+# hashing it anew cost more CPU than running it. The token's columns that the check reads,
+# not the token as an entity: only the user is handed on.
+_TOKEN_AND_USER = (select(ApiToken.id, ApiToken.last_used_at, ApiToken.expires_at, ApiToken.revoked_at, User)
+                   .join(User, User.id == ApiToken.user_id)
                    .where(ApiToken.token_hash == bindparam("token_hash")))
 
 
@@ -198,13 +200,13 @@ def user_for_token(session: Session, plain: str, *, now: datetime | None = None,
     found = session.execute(_TOKEN_AND_USER, {"token_hash": token_hash(plain)}).first()
     if found is None:
         raise Unauthorized("invalid, expired or revoked token")
-    row, user = found
-    if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+    token_id, last_used_at, expires_at, revoked_at, user = found
+    if revoked_at is not None or (expires_at is not None and expires_at <= now):
         raise Unauthorized("invalid, expired or revoked token")
     if not user.active:
         raise Unauthorized("user is deactivated")
     if usage is not None:
-        usage.note(row.id, row.last_used_at, now)
+        usage.note(token_id, last_used_at, now)
     return user
 
 

@@ -145,3 +145,37 @@ def test_every_server_default_has_a_python_default():
     alone = [f"{t.name}.{c.name}" for t in Base.metadata.tables.values() for c in t.columns
              if c.server_default is not None and c.default is None]
     assert alone == []
+
+
+def test_a_booking_is_one_hand_off_to_the_thread_pool(client, lab, monkeypatch):
+    """The session's start and end, the user's token and the route run in one worker-thread
+    hand-off (each hand-off wakes the event loop and a thread: it cost more CPU than the
+    conflict check). A refused booking adds one: the conflict counter's own transaction,
+    written after the booking's is rolled back."""
+    import anyio.to_thread
+
+    real = anyio.to_thread.run_sync
+    calls: list[str] = []
+
+    async def counted(func, *args, **kwargs):
+        calls.append(getattr(func, "__qualname__", repr(func)))
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    r = book(client, lab.alice, [lab.devices[0]], future(2))
+    assert r.status_code == 201, r.text
+    assert len(calls) == 1, calls
+    calls.clear()
+    r = book(client, lab.bob, [lab.devices[0]], future(2))
+    assert r.status_code == 409, r.text
+    assert len(calls) == 2 and "record" in calls[1], calls
+
+
+def test_a_booking_without_credentials_is_401_whatever_its_body(client, lab):
+    """Signing in is what such a client needs to hear first, not what is wrong with its body."""
+    for body in ({"host": "node-01", "devices": [0], "start": future(2).isoformat(), "duration": "PT1H"},
+                 {"host": "node-01", "start": "not a time"}, {}):
+        r = client.post("/api/v1/reservations", json=body)
+        assert r.status_code == 401, (body, r.text)
+    r = client.post("/api/v1/reservations", json={}, headers={"Authorization": "Basic abc"})
+    assert r.status_code == 401, r.text
