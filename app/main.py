@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__, web
-from app.api import (agent, approvals, boosts, checkin, feeds, findings, hosts, metrics, notify, quarantines,
+from app.api import (agent, approvals, boosts, checkin, feeds, findings, hosts, json_body, metrics, notify, quarantines,
                      reports, reservations, rules, users, waitlist)
 from app.web import apidocs
 from app.config import Settings, get_settings
@@ -178,7 +178,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     mount(app, reservations.router, hosts.router, users.router, agent.router, findings.router,
           rules.router, feeds.router, notify.router, approvals.router, boosts.router,
           quarantines.router, waitlist.router, checkin.router)
-    agent.install(app)  # the snapshot route's request schema, which no parameter declares
+    json_body.install_schema(app)  # request schemas of the routes that read their own bodies (snapshot, booking)
     reports.install(app)  # /api/v1/reports/usage and the history pruner in the lifespan
     approvals.install_expiry(app)  # pending reservations that reach their start unapproved expire
     from app.services import waitlist_serving

@@ -55,9 +55,6 @@ def get_write_session(
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 WriteSessionDep = Annotated[Session, Depends(get_write_session, scope="function")]
-# This process's SQLite write turn for a route that opens its write transaction itself
-# (:func:`in_write_unit`).
-WriteTurnDep = Annotated[None, Depends(_write_turn, scope="function")]
 
 
 async def get_settings_dep(request: Request) -> Settings:
@@ -111,39 +108,28 @@ def _signed_in(request: Request, session: Session) -> User:
     return user
 
 
-async def credentials_given(request: Request) -> None:
-    """Raise Unauthorized (401) when the request carries no credentials at all: no bearer
-    token (a malformed ``Authorization`` header is refused as :func:`bearer_token` does) and
-    no cookie that could be a browser session. It reads no database, so it runs on the event
-    loop, before the body is validated: a route that authenticates inside its own transaction
-    (:func:`in_write_unit`) still tells an anonymous client to sign in first, as a route with
-    :data:`WriteUser` does."""
-    if bearer_token(request) is None and not request.cookies:
-        raise Unauthorized("sign in or send 'Authorization: Bearer <API token>'")
-
-
-CredentialsDep = Annotated[None, Depends(credentials_given)]
-
 T = TypeVar("T")
 
 
 async def in_write_unit(request: Request, work: Callable[[Session, User], T]) -> T:
     """Run ``work(session, user)`` in one write transaction, in one hand-off to the worker
-    thread pool: begin as a writer, authenticate the request (:func:`current_user_write`,
-    Unauthorized 401 / Forbidden 403 as there), run ``work``, commit; roll back if anything
-    raises. The route takes :data:`CredentialsDep` (anonymous requests refused before the
-    body is read) and :data:`WriteTurnDep` (its SQLite write turn), in that order.
+    thread pool, holding this process's SQLite write turn: begin as a writer, authenticate
+    the request, run ``work``, commit; roll back if anything raises.
 
-    What :data:`WriteSessionDep` and :data:`WriteUser` do, with one hand-off instead of four
-    (the session's start and end, the user, the route): each costs the event loop and a
-    worker thread a wake-up, about a tenth of a millisecond of CPU, and the booking route is
-    the hot write path of people and scripts.
+    What :data:`WriteSessionDep` and :data:`WriteUser` do, in their order (the write turn,
+    the transaction, the user; Unauthorized 401 and Forbidden 403 as there; WriteTurnBusy and
+    an unavailable database 503), with one hand-off instead of four (the session's start and
+    end, the user, the route): each costs the event loop and a worker thread a wake-up, about
+    a tenth of a millisecond of CPU, and the booking route is the hot write path of people
+    and scripts. A route using it reads its own body (:mod:`app.api.json_body`) and raises
+    the body's validation errors from ``work``, after authentication, as FastAPI would.
     """
     def unit() -> T:
         with transaction(request.app.state.session_factory, write=True) as session:
             return work(session, _signed_in(request, session))
 
-    return await run_in_threadpool(unit)
+    async with write_turn(request.app, wait=request_write_wait(request.app.state.settings)):
+        return await run_in_threadpool(unit)
 
 
 async def admin_user(user: Annotated[User, Depends(current_user_write)]) -> User:

@@ -51,14 +51,25 @@ async def request_key(request: Request) -> RequestKey | None:
         body = sorted((k, v) for k, v in form.multi_items() if k not in _VOLATILE_FIELDS and isinstance(v, str))
     else:
         if not key:
-            return None  # the booking hot path without a key parses nothing twice
-        raw = await request.body()
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
+            return None  # a request without a key reads and parses nothing here
+        return json_request_key(request, await request.body())
     if key is None or key == "":
         return None
+    svc.validate_key(key)
+    return RequestKey(key, svc.request_hash(request.method, request.url.path, body))
+
+
+def json_request_key(request: Request, raw: bytes) -> RequestKey | None:
+    """:func:`request_key` of a JSON request whose body ``raw`` has been read: the
+    ``Idempotency-Key`` header with the hash of the request, ``None`` without a key. Raises
+    InvalidInput (422) for a malformed key."""
+    key = request.headers.get(svc.HEADER)
+    if not key:
+        return None
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = raw.decode("utf-8", "replace")
     svc.validate_key(key)
     return RequestKey(key, svc.request_hash(request.method, request.url.path, body))
 

@@ -9,8 +9,9 @@ from fastapi import Query, Request, Response
 from sqlalchemy.orm import Session
 
 from app.routes import api_router
-from app.api.deps import CredentialsDep, CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteTurnDep, WriteUser, in_write_unit
-from app.api.idempotency import RequestKeyDep, guard
+from app.api import json_body
+from app.api.deps import CurrentUser, RowId, SessionDep, SettingsDep, WriteSessionDep, WriteUser, in_write_unit
+from app.api.idempotency import guard, json_request_key
 from app.models import User
 from app.schemas.common import Page
 from app.schemas.reservation import ReservationCreate, ReservationRead, ReservationUpdate
@@ -23,16 +24,23 @@ router = api_router("/reservations", tags=["reservations"])
 CONFLICT = {409: {"description": "conflict: names each conflicting reservation and the earliest free start"}}
 
 
-@router.post("", status_code=201, response_model=ReservationRead, responses={**CONFLICT, 403: {}, 422: {}})
-async def create_reservation(request: Request, _signed: CredentialsDep, _turn: WriteTurnDep, data: ReservationCreate,
-                             settings: SettingsDep, found: RequestKeyDep) -> Response:
+@router.post("", status_code=201, response_model=ReservationRead, responses={**CONFLICT, 403: {}, 422: {}},
+             openapi_extra={"requestBody": json_body.request_body(ReservationCreate)})
+async def create_reservation(request: Request, settings: SettingsDep) -> Response:
     """Book devices (UUIDs or indices) of a host for ``[start, end)``. With an
     ``Idempotency-Key`` header, a retry within 24 h gets the first answer and books nothing."""
-    # One hand-off to the thread pool for the whole booking (in_write_unit), and the answer
-    # serialised by pydantic here, as response_model documents it: it is built from validated
-    # rows, and FastAPI's check of a returned model is one more hand-off per booking.
+    # One hand-off to the thread pool for the whole booking (in_write_unit), so the body is
+    # read here rather than as a parameter; the answer is serialised by pydantic here, as
+    # response_model documents it: it is built from validated rows, and FastAPI's check of a
+    # returned model is one more hand-off per booking.
+    raw = await request.body()
+    data, errors = json_body.parse(ReservationCreate, raw, request.headers.get("content-type"))
+
     def book(session: Session, user: User) -> Response:
-        idem = guard(request, session, user, found)
+        # the order of a route taking WriteUser and IdempotencyDep: the user, the key, the body
+        idem = guard(request, session, user, json_request_key(request, raw))
+        json_body.raise_errors(errors)
+        assert data is not None
         r = svc.create_reservation(session, actor=user, data=data, settings=settings)
         location = f"/api/v1/reservations/{r.id}"
         out = svc.to_read(r)
