@@ -133,8 +133,11 @@ def test_request_in_flight_with_the_key_is_409(client, lab, session_factory, db_
     with session_factory() as holder:  # the first request, still running: it holds the key's lock
         holder.execute(text("SELECT pg_advisory_xact_lock(:c, :o)"), {"c": LOCK_CLASS, "o": _lock_id(alice_id, KEY)})
         r = _post(client, lab.alice, _body(lab))
+        # the key is judged before the body, as by a route taking the key as a dependency
+        invalid = _post(client, lab.alice, {"host": "node-01", "start": "x"})
         holder.rollback()
     assert r.status_code == 409 and r.json()["field"] == "Idempotency-Key" and "still being processed" in r.json()["detail"]
+    assert invalid.status_code == 409 and invalid.json()["field"] == "Idempotency-Key", invalid.text
     assert _count(session_factory) == 0
     assert _post(client, lab.alice, _body(lab)).status_code == 201
 
