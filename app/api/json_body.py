@@ -63,7 +63,7 @@ def _body_errors(exc: ValidationError) -> list[dict[str, Any]]:
 def parse(model: type[M], body: bytes, content_type: str | None) -> tuple[M | None, list[dict[str, Any]]]:
     """``(instance of model, [])`` for a valid body, ``(None, errors)`` for an invalid one
     (FastAPI's 422 errors, to raise once the client is authenticated, as FastAPI would:
-    :func:`raise_errors`).
+    :func:`require`).
 
     Raises :class:`RequestValidationError` at once for a JSON body that does not decode
     (FastAPI's ``json_invalid`` error at the character offset), as FastAPI does before any
@@ -96,11 +96,13 @@ def parse(model: type[M], body: bytes, content_type: str | None) -> tuple[M | No
         return None, _body_errors(e)
 
 
-def raise_errors(errors: list[dict[str, Any]]) -> None:
-    """Raise the 422 of :func:`parse`'s ``errors`` (FastAPI's ``RequestValidationError``);
-    nothing when there are none."""
-    if errors:
+def require(parsed: M | None, errors: list[dict[str, Any]]) -> M:
+    """The model :func:`parse` gave, or, when it gave none, its ``errors`` raised as FastAPI's
+    422 (``RequestValidationError``). Called where FastAPI would raise them: after the
+    route's authentication."""
+    if parsed is None:
         raise RequestValidationError(errors)
+    return parsed
 
 
 def install_schema(app: FastAPI) -> None:

@@ -34,13 +34,12 @@ async def create_reservation(request: Request, settings: SettingsDep) -> Respons
     # response_model documents it: it is built from validated rows, and FastAPI's check of a
     # returned model is one more hand-off per booking.
     raw = await request.body()
-    data, errors = json_body.parse(ReservationCreate, raw, request.headers.get("content-type"))
+    parsed, errors = json_body.parse(ReservationCreate, raw, request.headers.get("content-type"))
 
     def book(session: Session, user: User) -> Response:
         # the order of a route taking WriteUser and IdempotencyDep: the user, the key, the body
         idem = guard(request, session, user, json_request_key(request, raw))
-        json_body.raise_errors(errors)
-        assert data is not None
+        data = json_body.require(parsed, errors)
         r = svc.create_reservation(session, actor=user, data=data, settings=settings)
         location = f"/api/v1/reservations/{r.id}"
         out = svc.to_read(r)

@@ -49,6 +49,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
 from agent.schema import Snapshot
+from app.api import json_body
 from app.api.deps import bearer_token, current_host
 from app.db import WriteTurnBusy, database_unavailable, request_write_wait, transaction, write_gate_for, write_turn
 from app.errors import Forbidden, Unauthorized
@@ -79,9 +80,7 @@ def _authenticate(session: Any, item: Pending, known: dict[str, Host] | None = N
     token. Raises Unauthorized, Forbidden or RequestValidationError. Reads only, so a refusal
     leaves the batch's transaction clean."""
     host = current_host(item.request, session, known)
-    if item.snapshot is None:
-        raise RequestValidationError(item.errors)
-    host_service.require_same_host(host, item.snapshot.host)
+    host_service.require_same_host(host, json_body.require(item.snapshot, item.errors).host)
     return host
 
 
